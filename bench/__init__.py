@@ -1,0 +1,1 @@
+"""Benchmarks that compare in one run and report ratios: ``python -m bench``."""

@@ -1,0 +1,1 @@
+"""Chaos harness: real clusters, injected faults, an invariant checker."""

@@ -1,0 +1,1 @@
+"""The scheduler node: HTTP API, schedule store, leases, bucket poller, Kafka publisher."""

@@ -1,0 +1,220 @@
+"""The HTTP API (DESIGN.md "HTTP API"): JSON in and out, errors as
+``{"error": {"code", "message", "field"}}``, never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+from pymongo.errors import PyMongoError
+
+from node.errors import ApiError, ValidationFailed
+from node.schedules import Limits, Status, parse_new_schedule, public_view
+from node.store import utcnow
+
+if TYPE_CHECKING:
+    from node.service import Node
+
+log = structlog.get_logger("node.api")
+
+NODE_KEY: web.AppKey[Node] = web.AppKey("node")
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+# Room for the JSON around the payload and for base64's 4/3 expansion.
+BODY_OVERHEAD = 64 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(
+        body, status=status, dumps=lambda o: json.dumps(o, separators=(",", ":"))
+    )
+
+
+def error_response(error: ApiError) -> web.Response:
+    return json_response(error.body(), status=error.status)
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    node = request.app[NODE_KEY]
+    route = (
+        request.match_info.route.resource.canonical
+        if request.match_info.route.resource
+        else "unmatched"
+    )
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as exc:
+        status = exc.status
+        return error_response(exc)
+    except web.HTTPException as exc:
+        # aiohttp's own refusals (unknown route, wrong method, body too large)
+        # in the same error shape as ours.
+        status = exc.status
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status, "http_error"
+        )
+        return json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status)
+    except PyMongoError as exc:
+        status = 503
+        log.warning("store unavailable", error=str(exc), path=request.path)
+        return json_response(
+            {
+                "error": {
+                    "code": "store_unavailable",
+                    "message": "the schedule store is unreachable; retry",
+                }
+            },
+            status=503,
+        )
+    finally:
+        node.metrics.http_requests.labels(route, request.method, str(status)).inc()
+
+
+async def create_schedule(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    limits = Limits(
+        max_payload_bytes=node.config.max_payload_bytes,
+        horizon=timedelta(seconds=node.config.horizon),
+    )
+    body = await _read_body(request, node.config.max_payload_bytes)
+    now = utcnow()
+    new = parse_new_schedule(body, limits, now)
+    doc, created = await node.store.insert(new, now)
+    if created:
+        node.metrics.schedules_created.inc()
+        node.schedule_accepted(doc)
+        log.info(
+            "schedule accepted",
+            schedule_id=doc["_id"],
+            bucket=doc["bucket"],
+            topic=doc["topic"],
+        )
+    return json_response(public_view(doc), status=201 if created else 200)
+
+
+async def _read_body(request: web.Request, max_payload: int) -> bytes:
+    limit = max_payload * 4 // 3 + BODY_OVERHEAD
+    if request.content_length is not None and request.content_length > limit:
+        raise ValidationFailed(f"request body over {limit} bytes", status=413)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ValidationFailed(f"request body over {limit} bytes", status=413) from None
+
+
+def _schedule_id(request: web.Request) -> str:
+    return request.match_info["schedule_id"]
+
+
+async def get_schedule(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    doc = await node.store.get(_schedule_id(request))
+    if doc is None:
+        raise ApiError(404, "not_found", f"no schedule {_schedule_id(request)!r}")
+    return json_response(public_view(doc))
+
+
+async def cancel_schedule(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    doc = await node.store.cancel(_schedule_id(request), utcnow())
+    if doc is None:
+        raise ApiError(404, "not_found", f"no schedule {_schedule_id(request)!r}")
+    node.metrics.schedules_cancelled.inc()
+    log.info("schedule cancelled", schedule_id=doc["_id"], bucket=doc["bucket"])
+    return json_response(public_view(doc))
+
+
+async def list_schedules(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    query = request.query
+    unknown = sorted(set(query) - {"tenant", "status", "limit", "after"})
+    if unknown:
+        raise ValidationFailed(f"unknown query parameter {unknown[0]!r}", unknown[0])
+    status = query.get("status")
+    if status is not None and status not in Status.__members__:
+        raise ValidationFailed(f"status must be one of {', '.join(Status)}", "status")
+    limit_text = query.get("limit", str(DEFAULT_PAGE))
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    limit = int(limit_text)
+    after = _decode_cursor(query["after"]) if "after" in query else None
+    docs = await node.store.list_page(
+        tenant=query.get("tenant"), status=status, after=after, limit=limit + 1
+    )
+    page, more = docs[:limit], len(docs) > limit
+    return json_response(
+        {
+            "schedules": [public_view(d) for d in page],
+            "next": _encode_cursor(page[-1]["_id"]) if more and page else None,
+        }
+    )
+
+
+def _encode_cursor(last_id: str) -> str:
+    # Opaque to callers, so the paging key can change without breaking them.
+    return base64.urlsafe_b64encode(json.dumps({"after": last_id}).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(text: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        after = json.loads(raw)["after"]
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise ValidationFailed("after is not a cursor returned by this API", "after") from None
+    if not isinstance(after, str):
+        raise ValidationFailed("after is not a cursor returned by this API", "after")
+    return after
+
+
+async def cluster_view(request: web.Request) -> web.Response:
+    return json_response(await request.app[NODE_KEY].cluster_view())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "node": request.app[NODE_KEY].config.node_id})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks = await request.app[NODE_KEY].readiness()
+    ready = all(checks.values())
+    return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    return web.Response(
+        body=node.metrics.render(), headers={"Content-Type": node.metrics.content_type}
+    )
+
+
+def build_app(node: Node) -> web.Application:
+    app = web.Application(
+        middlewares=[errors_and_metrics],
+        client_max_size=node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD,
+    )
+    app[NODE_KEY] = node
+    app.router.add_post("/v1/schedules", create_schedule)
+    app.router.add_get("/v1/schedules", list_schedules)
+    app.router.add_get("/v1/schedules/{schedule_id}", get_schedule)
+    app.router.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
+    app.router.add_get("/v1/cluster", cluster_view)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+__all__ = ["build_app"]

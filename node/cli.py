@@ -1,0 +1,100 @@
+"""``python -m node {run,dev,tail}``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from node import config as node_config
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError("must be from 1 to 64")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m node", description="Delayed-message scheduler node."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run one node (production)",
+        description="Run one node. Every setting comes from its flag, else its "
+        "environment variable, else the default.",
+    )
+    node_config.add_arguments(run)
+
+    dev = commands.add_parser("dev", help="embedded MongoDB + Kafka + N nodes on this machine")
+    dev.add_argument("--nodes", type=_positive, default=3, help="node processes (default 3)")
+    dev.add_argument("--http-port", type=_port, default=8080, help="first node's HTTP port")
+    dev.add_argument("--gossip-port", type=_port, default=7946, help="first node's gossip port")
+    dev.add_argument("--mongo-port", type=_port, default=27017, help="embedded MongoDB port")
+    dev.add_argument("--kafka-port", type=_port, default=9092, help="embedded Kafka port")
+    dev.add_argument("--data-dir", type=Path, default=Path("dev-data"), help="database and logs")
+
+    tail = commands.add_parser("tail", help="print the records delivered to a topic")
+    tail.add_argument("topic")
+    tail.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap server")
+    tail.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest record, not the next"
+    )
+    tail.add_argument("--count", type=int, default=None, help="exit after this many records")
+    tail.add_argument("--idle-timeout", type=float, default=None, help="exit after idle seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        try:
+            config = node_config.load(args)
+        except node_config.ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            return 2
+        from node.service import serve
+
+        return asyncio.run(serve(config))
+    if args.command == "dev":
+        from node.devstack import DevOptions, run_dev
+
+        return run_dev(
+            DevOptions(
+                nodes=args.nodes,
+                http_port=args.http_port,
+                gossip_port=args.gossip_port,
+                mongo_port=args.mongo_port,
+                kafka_port=args.kafka_port,
+                data_dir=args.data_dir,
+            )
+        )
+    if args.command == "tail":
+        from node.tail import tail
+
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(
+                tail(
+                    args.topic,
+                    args.bootstrap,
+                    from_beginning=args.from_beginning,
+                    count=args.count,
+                    idle_timeout=args.idle_timeout,
+                )
+            )
+        return 130
+    raise AssertionError(args.command)

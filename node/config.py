@@ -1,0 +1,380 @@
+"""Node configuration: one immutable, validated object built from flags and
+environment (flags win), before anything is started.
+
+Every setting is declared once in ``SETTINGS`` with its environment name, its
+flag, its default and why that default; the CLI, the validation and the README
+table all come from that list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ring import MAX_BUCKETS
+
+
+class ConfigError(ValueError):
+    """A setting has a value the node cannot run with. The message names it."""
+
+
+def _parse_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _parse_seconds(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"must be a number of seconds, got {text!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low:g} and {high:g} seconds, got {value:g}")
+        return value
+
+    return parse
+
+
+def _parse_host_port(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"must be HOST:PORT, got {text!r}")
+    port = _parse_int(0, 65535)(port_text)
+    return host.strip("[]"), port
+
+
+def _parse_seeds(text: str) -> tuple[str, ...]:
+    seeds = tuple(s.strip() for s in text.split(",") if s.strip())
+    for seed in seeds:
+        # A seed is HOST:PORT, or a DNS name (resolved to several members later).
+        if ":" in seed:
+            _parse_host_port(seed)
+    return seeds
+
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _parse_node_id(text: str) -> str:
+    if not _NODE_ID.match(text):
+        raise ValueError(f"must be 1-64 of [A-Za-z0-9._-], got {text!r}")
+    return text
+
+
+def _parse_mongo_uri(text: str) -> str:
+    if not text.startswith(("mongodb://", "mongodb+srv://")):
+        raise ValueError("must start with mongodb:// or mongodb+srv://")
+    return text
+
+
+def _parse_bootstrap(text: str) -> tuple[str, ...]:
+    servers = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not servers:
+        raise ValueError("must list at least one HOST:PORT")
+    for server in servers:
+        _parse_host_port(server)
+    return servers
+
+
+def _parse_optional_topic(text: str) -> str:
+    if text and (not _TOPIC.match(text) or text in {".", ".."}):
+        raise ValueError(f"must be a Kafka topic name or empty, got {text!r}")
+    return text
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _parse_name(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9_-]{1,63}$", text):
+        raise ValueError(f"must be a database name of [A-Za-z0-9_-], got {text!r}")
+    return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    attr: str
+    env: str
+    flag: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        attr="node_id",
+        env="NODE_ID",
+        flag="--node-id",
+        default="",
+        parse=_parse_node_id,
+        help="unique name of this node in the cluster (default: the host name)",
+    ),
+    Setting(
+        attr="http_bind",
+        env="HTTP_BIND",
+        flag="--http-bind",
+        default="0.0.0.0:8080",
+        parse=_parse_host_port,
+        help="HOST:PORT the HTTP API listens on",
+    ),
+    Setting(
+        attr="gossip_bind",
+        env="GOSSIP_BIND",
+        flag="--gossip-bind",
+        default="0.0.0.0:7946",
+        parse=_parse_host_port,
+        help="HOST:PORT for the UDP gossip protocol",
+    ),
+    Setting(
+        attr="advertise_host",
+        env="ADVERTISE_HOST",
+        flag="--advertise-host",
+        default="",
+        parse=str,
+        help="address other nodes reach this one at (default: the bind host, "
+        "or the host name when binding 0.0.0.0)",
+    ),
+    Setting(
+        attr="seeds",
+        env="SEEDS",
+        flag="--seeds",
+        default="",
+        parse=_parse_seeds,
+        help="comma-separated HOST:PORT gossip seeds, or a DNS name resolving to several",
+    ),
+    Setting(
+        attr="mongo_uri",
+        env="MONGO_URI",
+        flag="--mongo-uri",
+        default="mongodb://127.0.0.1:27017/",
+        parse=_parse_mongo_uri,
+        help="MongoDB connection string (production: a replica set with w=majority)",
+    ),
+    Setting(
+        attr="mongo_database",
+        env="MONGO_DATABASE",
+        flag="--mongo-database",
+        default="scheduler",
+        parse=_parse_name,
+        help="database holding schedules, buckets, cluster",
+    ),
+    Setting(
+        attr="kafka_bootstrap",
+        env="KAFKA_BOOTSTRAP",
+        flag="--kafka-bootstrap",
+        default="127.0.0.1:9092",
+        parse=_parse_bootstrap,
+        help="comma-separated Kafka bootstrap servers",
+    ),
+    Setting(
+        attr="buckets",
+        env="BUCKETS",
+        flag="--buckets",
+        default="256",
+        parse=_parse_int(1, MAX_BUCKETS),
+        help="bucket count B; pinned in the database on first use, every node must agree",
+    ),
+    Setting(
+        attr="lease_ttl",
+        env="LEASE_TTL",
+        flag="--lease-ttl",
+        default="10",
+        parse=_parse_seconds(1, 600),
+        # A dead owner's buckets wait at most this long (plus a renew period)
+        # before another node takes them; shorter means more renew traffic.
+        help="seconds a bucket lease lasts without renewal; renewed every TTL/3",
+    ),
+    Setting(
+        attr="poll_interval",
+        env="POLL_INTERVAL",
+        flag="--poll-interval",
+        default="1",
+        parse=_parse_seconds(0.05, 60),
+        # The loop sleeps until the next known due time; this bounds how long
+        # a schedule written by another node waits before the owner sees it.
+        help="longest sleep of the delivery loop when nothing is known to be due",
+    ),
+    Setting(
+        attr="batch_size",
+        env="BATCH_SIZE",
+        flag="--batch-size",
+        default="500",
+        parse=_parse_int(1, 10_000),
+        help="schedules claimed and published per store round trip",
+    ),
+    Setting(
+        attr="max_payload_bytes",
+        env="MAX_PAYLOAD_BYTES",
+        flag="--max-payload-bytes",
+        default=str(256 * 1024),
+        parse=_parse_int(1, 16 * 1024 * 1024 - 64 * 1024),
+        help="largest payload accepted (413 above it); below Kafka's message.max.bytes",
+    ),
+    Setting(
+        attr="horizon",
+        env="HORIZON",
+        flag="--horizon",
+        default=str(366 * 86400),
+        parse=_parse_seconds(1, 100 * 366 * 86400),
+        help="furthest into the future executeAt may be, in seconds",
+    ),
+    Setting(
+        attr="max_attempts",
+        env="MAX_ATTEMPTS",
+        flag="--max-attempts",
+        default="5",
+        parse=_parse_int(1, 100),
+        help="publish attempts before a schedule becomes DELIVERY_FAILED",
+    ),
+    Setting(
+        attr="retry_backoff",
+        env="RETRY_BACKOFF",
+        flag="--retry-backoff",
+        default="1",
+        parse=_parse_seconds(0.01, 3600),
+        help="first retry delay; doubles per attempt with jitter, capped by --retry-backoff-max",
+    ),
+    Setting(
+        attr="retry_backoff_max",
+        env="RETRY_BACKOFF_MAX",
+        flag="--retry-backoff-max",
+        default="60",
+        parse=_parse_seconds(0.01, 86400),
+        help="longest retry delay",
+    ),
+    Setting(
+        attr="dead_letter_topic",
+        env="DEAD_LETTER_TOPIC",
+        flag="--dead-letter-topic",
+        default="",
+        parse=_parse_optional_topic,
+        help="topic that receives schedules past the retry limit (off when empty)",
+    ),
+    Setting(
+        attr="log_format",
+        env="LOG_FORMAT",
+        flag="--log-format",
+        default="json",
+        parse=_parse_choice("json", "console"),
+        help="json for production, console for humans",
+    ),
+    Setting(
+        attr="log_level",
+        env="LOG_LEVEL",
+        flag="--log-level",
+        default="info",
+        parse=_parse_choice("debug", "info", "warning", "error"),
+        help="least severe level logged",
+    ),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeConfig:
+    node_id: str
+    http_bind: tuple[str, int]
+    gossip_bind: tuple[str, int]
+    advertise_host: str
+    seeds: tuple[str, ...] = ()
+    mongo_uri: str
+    mongo_database: str
+    kafka_bootstrap: tuple[str, ...]
+    buckets: int
+    lease_ttl: float
+    poll_interval: float
+    batch_size: int
+    max_payload_bytes: int
+    horizon: float
+    max_attempts: int
+    retry_backoff: float
+    retry_backoff_max: float
+    dead_letter_topic: str
+    log_format: str
+    log_level: str
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.advertise_host}:{self.http_bind[1]}"
+
+    @property
+    def gossip_address(self) -> str:
+        return f"{self.advertise_host}:{self.gossip_bind[1]}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare one flag per setting; absent flags fall back to the environment."""
+    for setting in SETTINGS:
+        parser.add_argument(
+            setting.flag,
+            dest=setting.attr,
+            default=None,
+            metavar=setting.env,
+            help=f"{setting.help} [env {setting.env}, default {setting.default or 'none'}]",
+        )
+
+
+def load(
+    flags: Mapping[str, str | None] | argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """Build the config from flags, then environment, then defaults.
+
+    Raises ConfigError naming the first invalid setting.
+    """
+    env = os.environ if environ is None else environ
+    given = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags)
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = given.get(setting.attr)
+        source = setting.flag
+        if raw is None:
+            raw = env.get(setting.env)
+            source = setting.env
+        if raw is None:
+            raw = setting.default
+            source = setting.env
+        try:
+            values[setting.attr] = setting.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    if not values["node_id"]:
+        values["node_id"] = _parse_node_id(socket.gethostname().split(".")[0] or "node")
+    if not values["advertise_host"]:
+        bind_host = values["http_bind"][0]
+        values["advertise_host"] = (
+            socket.gethostname() if bind_host in {"0.0.0.0", "::", ""} else bind_host
+        )
+    if values["retry_backoff_max"] < values["retry_backoff"]:
+        raise ConfigError("RETRY_BACKOFF_MAX: must not be below RETRY_BACKOFF")
+    known = {f.name for f in fields(NodeConfig)}
+    return NodeConfig(**{k: v for k, v in values.items() if k in known})
+
+
+def describe(settings: Sequence[Setting] = SETTINGS) -> str:
+    """The configuration table as Markdown (kept in the README)."""
+    rows = ["| environment | flag | default | meaning |", "| --- | --- | --- | --- |"]
+    for s in settings:
+        rows.append(f"| `{s.env}` | `{s.flag}` | `{s.default or '-'}` | {s.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,218 @@
+"""``python -m node dev``: the embedded stack on one machine.
+
+Starts SecantusDB (on disk under the data dir, so schedules survive a
+restart of the stack), the Tansu broker (in memory) and N node processes,
+waits until every node answers /readyz, prints one line per service, and
+stops every child on Ctrl-C or SIGTERM: nodes first (graceful leave), then
+the broker, then the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from node import embedded
+
+READY_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevOptions:
+    nodes: int = 3
+    http_port: int = 8080
+    gossip_port: int = 7946
+    mongo_port: int = 27017
+    kafka_port: int = 9092
+    data_dir: Path = Path("dev-data")
+    host: str = "127.0.0.1"
+    database: str = "scheduler"
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class DevStack:
+    def __init__(self, options: DevOptions, out: IO[str] = sys.stdout) -> None:
+        self.options = options
+        self.out = out
+        self.children: list[Child] = []
+        self.stop_requested = threading.Event()
+        self._log_files: list[IO[bytes]] = []
+
+    def taken_ports(self) -> list[str]:
+        o = self.options
+        wanted: list[tuple[str, int, socket.SocketKind]] = [
+            ("MongoDB (--mongo-port)", o.mongo_port, socket.SOCK_STREAM),
+            ("Kafka (--kafka-port)", o.kafka_port, socket.SOCK_STREAM),
+        ]
+        for i in range(o.nodes):
+            wanted.append((f"node-{i + 1} HTTP (--http-port)", o.http_port + i, socket.SOCK_STREAM))
+            wanted.append(
+                (f"node-{i + 1} gossip (--gossip-port)", o.gossip_port + i, socket.SOCK_DGRAM)
+            )
+        return [
+            f"port {port} for {what} is already in use"
+            for what, port, kind in wanted
+            if embedded.port_taken(o.host, port, kind)
+        ]
+
+    def _log(self, name: str) -> tuple[IO[bytes], Path]:
+        logs = self.options.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        path = logs / f"{name}.log"
+        handle = path.open("ab")
+        self._log_files.append(handle)
+        return handle, path
+
+    def _spawn(self, name: str, address: str, argv: list[str]) -> Child:
+        handle, path = self._log(name)
+        child = Child(name, address, embedded.spawn(argv, log=handle), path)
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        o = self.options
+        o.data_dir.mkdir(parents=True, exist_ok=True)
+        mongo_uri = embedded.mongo_uri(o.host, o.mongo_port)
+        mongo = self._spawn(
+            "mongodb", mongo_uri, embedded.mongo_argv(o.host, o.mongo_port, o.data_dir / "mongo")
+        )
+        kafka_address = f"{o.host}:{o.kafka_port}"
+        kafka = self._spawn("kafka", kafka_address, embedded.kafka_argv(o.host, o.kafka_port))
+        self._wait_port(mongo, o.mongo_port)
+        self._wait_port(kafka, o.kafka_port)
+        gossip = [f"{o.host}:{o.gossip_port + i}" for i in range(o.nodes)]
+        nodes = []
+        for i in range(o.nodes):
+            name = f"node-{i + 1}"
+            argv = [
+                sys.executable, "-m", "node", "run",
+                "--node-id", name,
+                "--http-bind", f"{o.host}:{o.http_port + i}",
+                "--gossip-bind", gossip[i],
+                "--advertise-host", o.host,
+                "--seeds", ",".join(g for g in gossip if g != gossip[i]),
+                "--mongo-uri", mongo_uri,
+                "--mongo-database", o.database,
+                "--kafka-bootstrap", kafka_address,
+                "--log-format", "console",
+            ]  # fmt: skip
+            nodes.append(self._spawn(name, f"http://{o.host}:{o.http_port + i}", argv))
+        for child in nodes:
+            self._wait_ready(child)
+
+    def _wait_port(self, child: Child, port: int) -> None:
+        try:
+            embedded.wait_for_port(self.options.host, port, READY_TIMEOUT, child.process)
+        except embedded.EmbeddedError as exc:
+            raise embedded.EmbeddedError(f"{child.name}: {exc} (log: {child.log_path})") from None
+
+    def _wait_ready(self, child: Child) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline and not self.stop_requested.is_set():
+            if child.process.poll() is not None:
+                raise embedded.EmbeddedError(
+                    f"{child.name} exited with {child.process.returncode} (log: {child.log_path})"
+                )
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError, ValueError),
+                urllib.request.urlopen(f"{child.address}/readyz", timeout=2) as response,
+            ):
+                if json.load(response).get("ready"):
+                    return
+            time.sleep(0.1)
+        if not self.stop_requested.is_set():
+            raise embedded.EmbeddedError(
+                f"{child.name} was not ready within {READY_TIMEOUT:g} s (log: {child.log_path})"
+            )
+
+    def describe(self) -> str:
+        o = self.options
+        lines = []
+        for child in self.children:
+            extra = ""
+            if child.name == "mongodb":
+                extra = f"  data {o.data_dir / 'mongo'}"
+            elif child.name.startswith("node-"):
+                index = int(child.name.split("-")[1]) - 1
+                extra = f"  gossip {o.host}:{o.gossip_port + index}"
+            lines.append(f"{child.name:<8} {child.address}{extra}  pid {child.process.pid}")
+        lines.append(f"logs     {o.data_dir / 'logs'}")
+        return "\n".join(lines)
+
+    def wait(self) -> str | None:
+        """Block until a stop is requested (None) or a child dies (its description)."""
+        while not self.stop_requested.wait(0.2):
+            for child in self.children:
+                if child.process.poll() is not None:
+                    return (
+                        f"{child.name} exited unexpectedly with {child.process.returncode} "
+                        f"(log: {child.log_path})"
+                    )
+        return None
+
+    def stop(self) -> None:
+        nodes = [c for c in self.children if c.name.startswith("node-")]
+        servers = [c for c in self.children if not c.name.startswith("node-")]
+        for child in nodes:  # graceful leave, all at once
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        for child in nodes:
+            embedded.stop(child.process, timeout=15)
+        for child in reversed(servers):
+            embedded.stop(child.process, timeout=15)
+        for handle in self._log_files:
+            handle.close()
+
+
+def run_dev(options: DevOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> int:
+    stack = DevStack(options, out)
+    taken = stack.taken_ports()
+    if taken:
+        for line in taken:
+            print(f"dev: {line}", file=err)
+        print("dev: choose other ports with the flags named above", file=err)
+        return 1
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stack.stop_requested.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        print(f"dev: starting MongoDB, Kafka and {options.nodes} nodes ...", file=out, flush=True)
+        stack.start()
+        if stack.stop_requested.is_set():
+            return 0
+        print(stack.describe(), file=out, flush=True)
+        print("dev: ready. Ctrl-C stops everything.", file=out, flush=True)
+        failure = stack.wait()
+        if failure:
+            print(f"dev: {failure}; stopping", file=err, flush=True)
+            return 1
+        return 0
+    except embedded.EmbeddedError as exc:
+        print(f"dev: {exc}", file=err, flush=True)
+        return 1
+    finally:
+        print("dev: stopping ...", file=out, flush=True)
+        stack.stop()
+        print("dev: stopped", file=out, flush=True)

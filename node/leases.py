@@ -1,0 +1,216 @@
+"""Per-bucket leases with fencing tokens (DESIGN.md "Leases with fencing tokens").
+
+One document per bucket in ``buckets``: ``{_id, owner, token, expiresAt}``.
+
+States of a bucket, from this node's side (after kazoo's SetPartitioner):
+
+* not held: another node holds it, or nobody wants it from here;
+* held: acquired with token ``t``; usable while the local deadline (last
+  successful renew sent + TTL - margin, on the monotonic clock) is ahead;
+* lost: a renew matched nothing (a newer owner took it) or the deadline
+  passed; work stops at once and the bucket counts as not held.
+
+Expiry is judged by the database server's clock (``$$NOW`` in an update
+pipeline), so nodes' wall clocks never decide who owns what. The local
+deadline is a second guard that needs no database: it starts before the
+renew is sent, so it always falls before the server-side expiry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pymongo import UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError
+
+log = structlog.get_logger("node.leases")
+
+DUPLICATE_KEY = 11000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Lease:
+    bucket: int
+    token: int
+    deadline: float  # monotonic seconds
+
+
+class LeaseManager:
+    """Acquires, renews and releases this node's bucket leases in bulk.
+
+    Each call is one or two round trips for all buckets together; a node
+    holding 256 buckets renews them with one ``bulk_write``.
+    """
+
+    def __init__(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        node_id: str,
+        ttl: float,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.collection = collection
+        self.node_id = node_id
+        self.ttl = ttl
+        # Covers clock-rate drift between this host and the database and the
+        # time a renew spends in flight: 20% of the TTL, at least half a second.
+        self.margin = max(0.2 * ttl, min(0.5, ttl / 2))
+        self.monotonic = monotonic
+        self.held: dict[int, Lease] = {}
+        self.acquisitions = 0
+        self.losses = 0
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3
+
+    def usable(self) -> dict[int, int]:
+        """bucket -> token for every lease whose local deadline is still ahead."""
+        now = self.monotonic()
+        return {b: lease.token for b, lease in self.held.items() if lease.deadline > now}
+
+    def is_usable(self, bucket: int, token: int) -> bool:
+        lease = self.held.get(bucket)
+        return lease is not None and lease.token == token and lease.deadline > self.monotonic()
+
+    def _expiry_pipeline(self) -> list[dict[str, Any]]:
+        return [{"$set": {"expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]}}}]
+
+    async def renew(self) -> list[int]:
+        """Extend every held lease; returns the buckets found lost."""
+        self._drop_expired()
+        if not self.held:
+            return []
+        sent = self.monotonic()
+        held = dict(self.held)
+        ops = [
+            UpdateOne(
+                {"_id": b, "owner": self.node_id, "token": lease.token}, self._expiry_pipeline()
+            )
+            for b, lease in held.items()
+        ]
+        result = await self.collection.bulk_write(ops, ordered=False)
+        kept = set(held)
+        if result.matched_count != len(held):
+            current = await self.collection.find(
+                {"_id": {"$in": list(held)}}, {"owner": 1, "token": 1}
+            ).to_list()
+            kept = {
+                d["_id"]
+                for d in current
+                if d.get("owner") == self.node_id and d.get("token") == held[d["_id"]].token
+            }
+        lost = sorted(set(held) - kept)
+        for bucket in kept:
+            if self.held.get(bucket) == held[bucket]:
+                self.held[bucket] = Lease(bucket, held[bucket].token, sent + self.ttl - self.margin)
+        for bucket in lost:
+            self._lose(bucket, "renew matched nothing")
+        return lost
+
+    async def acquire(self, wanted: Iterable[int]) -> list[int]:
+        """Take every wanted bucket that is free, expired or already ours.
+
+        One aggregate finds the candidates by the server's clock, one bulk
+        write takes them (a duplicate-key error on the upsert means another
+        node won that bucket), one read learns the new tokens.
+        """
+        self._drop_expired()
+        want = set(wanted) - set(self.held)
+        if not want:
+            return []
+        existing = await (
+            await self.collection.aggregate(
+                [
+                    {"$match": {"_id": {"$in": sorted(want)}}},
+                    {"$project": {"_id": 1, "takeable": self._takeable_expr()}},
+                ]
+            )
+        ).to_list()
+        blocked = {d["_id"] for d in existing if not d["takeable"]}
+        candidates = sorted(want - blocked)
+        if not candidates:
+            return []
+        sent = self.monotonic()
+        ops = [
+            UpdateOne(
+                {"_id": b, "$expr": self._takeable_expr()},
+                [
+                    {
+                        "$set": {
+                            "owner": self.node_id,
+                            "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
+                            "expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]},
+                            "acquiredAt": "$$NOW",
+                        }
+                    }
+                ],
+                upsert=True,
+            )
+            for b in candidates
+        ]
+        try:
+            await self.collection.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            others = [e for e in exc.details.get("writeErrors", []) if e["code"] != DUPLICATE_KEY]
+            if others:
+                raise
+        won = await self.collection.find(
+            {"_id": {"$in": candidates}, "owner": self.node_id}, {"token": 1}
+        ).to_list()
+        gained = []
+        for doc in won:
+            bucket = int(doc["_id"])
+            self.held[bucket] = Lease(bucket, int(doc["token"]), sent + self.ttl - self.margin)
+            gained.append(bucket)
+        self.acquisitions += len(gained)
+        if gained:
+            log.info("leases acquired", buckets=len(gained), held=len(self.held))
+        return sorted(gained)
+
+    async def release(self, buckets: Iterable[int] | None = None) -> list[int]:
+        """Give leases back so the next owner need not wait for expiry.
+
+        Call only after work on these buckets has stopped.
+        """
+        chosen = sorted(self.held if buckets is None else set(buckets) & set(self.held))
+        if not chosen:
+            return []
+        leases = [self.held.pop(b) for b in chosen]
+        ops = [
+            UpdateOne(
+                {"_id": lease.bucket, "owner": self.node_id, "token": lease.token},
+                {"$set": {"owner": None, "expiresAt": EPOCH}},
+            )
+            for lease in leases
+        ]
+        await self.collection.bulk_write(ops, ordered=False)
+        log.info("leases released", buckets=len(chosen))
+        return chosen
+
+    def _takeable_expr(self) -> dict[str, Any]:
+        return {
+            "$or": [
+                {"$eq": [{"$ifNull": ["$owner", None]}, None]},
+                {"$eq": ["$owner", self.node_id]},
+                {"$lt": ["$expiresAt", "$$NOW"]},
+            ]
+        }
+
+    def _drop_expired(self) -> None:
+        now = self.monotonic()
+        for bucket in [b for b, lease in self.held.items() if lease.deadline <= now]:
+            self._lose(bucket, "local deadline passed")
+
+    def _lose(self, bucket: int, reason: str) -> None:
+        if self.held.pop(bucket, None) is not None:
+            self.losses += 1
+            log.warning("lease lost", bucket=bucket, reason=reason)

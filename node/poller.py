@@ -1,0 +1,233 @@
+"""The bucket poller: delivers the due schedules of the buckets this node
+holds leases on (DESIGN.md "Bucket poller").
+
+One loop serves all held buckets: one due-work query per wake-up with
+``bucket $in held``, rather than a task and a query per bucket, so an idle
+node asks the store about one question per poll interval whatever its bucket
+count, and a burst fills large batches. Ownership stays per bucket: every
+write carries that bucket's token.
+
+Each round:
+
+1. find due work (PENDING, dueAt <= now, oldest first, index-served); the
+   same query looks one poll interval ahead to learn the next due time;
+2. claim the batch in one bulk write (PENDING -> IN_FLIGHT, with the token);
+3. drop anything whose lease's local deadline passed during the claim, then
+   publish to Kafka and wait for the acks;
+4. mark DELIVERED (fenced by the token), or back to PENDING with backoff,
+   or DELIVERY_FAILED past the retry limit (to the dead-letter topic when
+   configured);
+5. sleep until the next due time or the poll interval, whichever is
+   sooner; a hint from the API (a schedule due sooner) or a lease change
+   cuts the sleep short.
+
+Schedules left IN_FLIGHT by an older token (a former owner died or paused
+mid-batch) are made due again whenever leases change and every renew period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from pymongo.errors import PyMongoError
+
+from node.leases import LeaseManager
+from node.metrics import NodeMetrics
+from node.publisher import KafkaPublisher, Record, build_record
+from node.store import Claimed, Failure, RetryPolicy, ScheduleStore, utcnow
+
+log = structlog.get_logger("node.poller")
+
+
+class BucketPoller:
+    def __init__(
+        self,
+        store: ScheduleStore,
+        leases: LeaseManager,
+        publisher: KafkaPublisher,
+        metrics: NodeMetrics,
+        *,
+        node_id: str,
+        batch_size: int,
+        poll_interval: float,
+        retry_policy: RetryPolicy,
+        dead_letter_topic: str = "",
+        wall: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.leases = leases
+        self.publisher = publisher
+        self.metrics = metrics
+        self.node_id = node_id
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.retry_policy = retry_policy
+        self.dead_letter_topic = dead_letter_topic
+        self.wall = wall
+        self.monotonic = monotonic
+        self._wake = asyncio.Event()
+        self._wake_at: datetime | None = None
+        self._recover_at = 0.0
+        self._stopping = False
+
+    # -- signals from the rest of the node ---------------------------------------
+
+    def hint(self, due_at: datetime) -> None:
+        """A schedule of a held bucket falls due at ``due_at``: wake by then."""
+        if self._wake_at is None or due_at < self._wake_at:
+            self._wake.set()
+
+    def leases_changed(self) -> None:
+        self._recover_at = 0.0
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    # -- the loop -------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while not self._stopping:
+            try:
+                delay = await self.run_once()
+                failures = 0
+            except PyMongoError as exc:
+                failures += 1
+                delay = min(self.poll_interval * 2**failures, 10.0)
+                log.warning("store error in poller", error=str(exc), retry_in=delay)
+            if delay > 0 and not self._stopping:
+                await self._sleep(delay)
+
+    async def _sleep(self, delay: float) -> None:
+        self._wake_at = self.wall() + timedelta(seconds=delay)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+        finally:
+            self._wake_at = None
+
+    async def run_once(self) -> float:
+        """One round; returns how long to sleep before the next."""
+        # Cleared before the query: a hint arriving during this round then
+        # makes the following sleep return at once instead of being missed.
+        self._wake.clear()
+        tokens = self.leases.usable()
+        self.metrics.buckets_owned.set(len(tokens))
+        if not tokens:
+            return self.poll_interval
+        if self.monotonic() >= self._recover_at:
+            await self._recover(tokens)
+        now = self.wall()
+        horizon = now + timedelta(seconds=self.poll_interval)
+        started = time.perf_counter()
+        docs = await self.store.find_due(tokens, horizon, self.batch_size)
+        self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
+        due = [d for d in docs if _aware(d["dueAt"]) <= now]
+        if due:
+            await self._deliver(due, tokens)
+            return 0.0
+        if docs:
+            return max(0.0, (_aware(docs[0]["dueAt"]) - self.wall()).total_seconds())
+        return self.poll_interval
+
+    async def _recover(self, tokens: dict[int, int]) -> None:
+        self._recover_at = self.monotonic() + self.leases.renew_interval
+        recovered = await self.store.recover_in_flight(tokens)
+        if recovered:
+            self.metrics.recovered.inc(len(recovered))
+            log.warning(
+                "re-delivering schedules left in flight by a former owner",
+                count=len(recovered),
+                ids=recovered[:20],
+            )
+
+    async def _deliver(self, due: list[dict[str, Any]], tokens: dict[int, int]) -> None:
+        now = self.wall()
+        started = time.perf_counter()
+        claimed = await self.store.claim(due, tokens, self.node_id, now)
+        self.metrics.store_seconds.labels("claim").observe(time.perf_counter() - started)
+        self.metrics.batch_size.observe(len(claimed))
+        # The claim may have waited; publish nothing for a lease that could
+        # have expired meanwhile. Its next owner recovers those schedules.
+        live = [c for c in claimed if self.leases.is_usable(c.bucket, c.token)]
+        if len(live) < len(claimed):
+            self.metrics.deliveries.labels("abandoned").inc(len(claimed) - len(live))
+            log.warning("lease deadline passed mid-batch", abandoned=len(claimed) - len(live))
+        if not live:
+            return
+        records = [build_record(c.doc, c.token, c.attempt) for c in live]
+        started = time.perf_counter()
+        results = await self.publisher.publish(records)
+        self.metrics.publish_seconds.observe(time.perf_counter() - started)
+
+        delivered = [c for c, err in zip(live, results, strict=True) if err is None]
+        failures = [
+            Failure(c, f"{type(err).__name__}: {err}")
+            for c, err in zip(live, results, strict=True)
+            if err is not None
+        ]
+        done_at = self.wall()
+        if delivered:
+            started = time.perf_counter()
+            await self.store.mark_delivered(delivered, done_at)
+            self.metrics.store_seconds.labels("mark_delivered").observe(
+                time.perf_counter() - started
+            )
+            self.metrics.deliveries.labels("delivered").inc(len(delivered))
+            for c in delivered:
+                lateness = (done_at - _aware(c.doc["executeAt"])).total_seconds()
+                self.metrics.lateness.observe(max(lateness, 0.0))
+        if failures:
+            await self._fail(failures, done_at)
+
+    async def _fail(self, failures: list[Failure], now: datetime) -> None:
+        exhausted = [f for f in failures if f.claimed.attempt >= self.retry_policy.max_attempts]
+        if exhausted and self.dead_letter_topic:
+            await self._dead_letter(exhausted)
+        outcome = await self.store.record_failures(failures, self.retry_policy, now)
+        self.metrics.deliveries.labels("retried").inc(outcome.retried)
+        self.metrics.deliveries.labels("failed").inc(len(outcome.failed))
+        for failure in failures:
+            log.warning(
+                "publish failed",
+                schedule_id=failure.claimed.id,
+                bucket=failure.claimed.bucket,
+                token=failure.claimed.token,
+                attempt=failure.claimed.attempt,
+                error=failure.error,
+            )
+
+    async def _dead_letter(self, failures: list[Failure]) -> None:
+        records = []
+        for failure in failures:
+            original = build_record(
+                failure.claimed.doc, failure.claimed.token, failure.claimed.attempt
+            )
+            headers = [
+                *original.headers,
+                ("original-topic", original.topic.encode()),
+                ("error", failure.error.encode()[:1024]),
+            ]
+            records.append(Record(self.dead_letter_topic, original.key, original.value, headers))
+        results = await self.publisher.publish(records)
+        for failure, err in zip(failures, results, strict=True):
+            if err is not None:
+                log.error(
+                    "dead-letter publish failed", schedule_id=failure.claimed.id, error=str(err)
+                )
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+__all__ = ["BucketPoller", "Claimed"]

@@ -1,0 +1,89 @@
+"""Kafka publishing (DESIGN.md "Kafka record").
+
+key = the schedule's key or its id; value = the payload bytes; headers carry
+schedule-id, execute-at, fence-token, tenant and attempt (so a consumer can
+drop repeats) followed by the caller's headers.
+
+The producer waits for the full ISR (``acks="all"``): a schedule is marked
+DELIVERED only after Kafka has durably accepted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from node.schedules import format_time
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
+    headers: list[tuple[str, bytes]] = [
+        ("schedule-id", str(doc["_id"]).encode()),
+        ("execute-at", (format_time(doc["executeAt"]) or "").encode()),
+        ("fence-token", str(token).encode()),
+        ("tenant", str(doc["tenant"]).encode()),
+        ("attempt", str(attempt).encode()),
+    ]
+    headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
+    key = doc.get("key") or doc["_id"]
+    return Record(
+        topic=doc["topic"], key=str(key).encode(), value=bytes(doc["payload"]), headers=headers
+    )
+
+
+class KafkaPublisher:
+    def __init__(self, bootstrap: Sequence[str], *, client_id: str, request_timeout: float = 10.0):
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=list(bootstrap),
+            client_id=client_id,
+            acks="all",
+            # Batches form while the poller claims; a short linger fills them.
+            linger_ms=2,
+            request_timeout_ms=int(request_timeout * 1000),
+            max_request_size=16 * 1024 * 1024,
+        )
+        self.started = False
+
+    async def start(self) -> None:
+        await self._producer.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        if self.started:
+            self.started = False
+            await self._producer.stop()
+
+    async def reachable(self) -> bool:
+        """True when the producer has metadata from at least one broker."""
+        if not self.started:
+            return False
+        client = self._producer.client
+        return any(True for _ in client.cluster.brokers())
+
+    async def publish(self, records: Sequence[Record]) -> list[BaseException | None]:
+        """Send all records, wait for every ack; one result per record, in order.
+
+        Records are handed to the producer together so they share request
+        batches; a failure of one never fails the others.
+        """
+
+        async def send(record: Record) -> None:
+            future = await self._producer.send(
+                record.topic, record.value, key=record.key, headers=record.headers
+            )
+            await future
+
+        results = await asyncio.gather(*(send(r) for r in records), return_exceptions=True)
+        return [r if isinstance(r, BaseException) else None for r in results]

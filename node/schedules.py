@@ -1,0 +1,271 @@
+"""Schedules: the request a caller sends, its validation, and the Mongo
+document it becomes (DESIGN.md "Contracts").
+
+Validation is pure: bytes in, a ``NewSchedule`` or a ``ValidationFailed``
+naming the field out. Nothing here touches the store, so bad input can never
+change anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from node.errors import ValidationFailed
+from ring import bucket_for
+
+
+class Status(enum.StrEnum):
+    PENDING = "PENDING"
+    IN_FLIGHT = "IN_FLIGHT"
+    DELIVERED = "DELIVERED"
+    DELIVERY_FAILED = "DELIVERY_FAILED"
+    CANCELLED = "CANCELLED"
+
+
+# Headers the scheduler sets on every record; a caller may not forge them.
+RESERVED_HEADERS = frozenset({"schedule-id", "execute-at", "fence-token", "tenant", "attempt"})
+
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Kafka's legal topic characters and length (kafka.common.internals.Topic).
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# RFC 3339 date-time: a 'T' (or space-free 't') separator and an explicit offset.
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+_ALLOWED_FIELDS = frozenset(
+    {"id", "topic", "executeAt", "payload", "payloadBase64", "key", "headers", "tenant"}
+)
+MAX_KEY_BYTES = 1024
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 8 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    max_payload_bytes: int
+    horizon: timedelta
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewSchedule:
+    """A validated request to schedule one message."""
+
+    id: str
+    client_id: bool  # the caller chose the id (idempotency key)
+    tenant: str
+    topic: str
+    execute_at: datetime  # UTC, millisecond precision (what BSON stores)
+    payload: bytes
+    payload_format: str  # "json" or "base64": how GET shows it back
+    key: str | None
+    headers: dict[str, str]
+
+    def fingerprint(self) -> str:
+        """A digest of everything but the id: the same id with another body is a 409."""
+        canonical = json.dumps(
+            [
+                self.tenant,
+                self.topic,
+                self.execute_at.isoformat(),
+                base64.b64encode(self.payload).decode(),
+                self.payload_format,
+                self.key,
+                sorted(self.headers.items()),
+            ],
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_document(self, bucket_count: int, now: datetime) -> dict[str, Any]:
+        return {
+            "_id": self.id,
+            "tenant": self.tenant,
+            "topic": self.topic,
+            "executeAt": self.execute_at,
+            # dueAt is when the poller next looks at it: executeAt at first,
+            # later the time of the next retry. executeAt never changes.
+            "dueAt": self.execute_at,
+            "bucket": bucket_for(self.id, bucket_count),
+            "status": Status.PENDING.value,
+            # 0 is below every lease token, so any owner may claim it first.
+            "token": 0,
+            "attempts": 0,
+            "payload": self.payload,
+            "payloadFormat": self.payload_format,
+            "key": self.key,
+            "headers": self.headers,
+            "fingerprint": self.fingerprint(),
+            "createdAt": now,
+            "deliveredAt": None,
+            "lastError": None,
+        }
+
+
+def parse_time(text: object, field: str) -> datetime:
+    if not isinstance(text, str) or not _RFC3339.match(text):
+        raise ValidationFailed(
+            f"{field} must be an RFC 3339 time with an offset, like 2030-01-02T03:04:05Z", field
+        )
+    try:
+        parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValidationFailed(f"{field} is not a valid time: {exc}", field) from None
+    parsed = parsed.astimezone(UTC)
+    # BSON dates hold milliseconds; keep what is stored and what is compared equal.
+    return parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
+
+
+def format_time(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # pymongo returns naive UTC unless tz_aware
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def validate_topic(topic: object, field: str = "topic") -> str:
+    if not isinstance(topic, str) or not _TOPIC.match(topic) or topic in {".", ".."}:
+        raise ValidationFailed(
+            f"{field} must be 1-249 characters of [A-Za-z0-9._-] and not '.' or '..'", field
+        )
+    return topic
+
+
+def parse_new_schedule(body: bytes, limits: Limits, now: datetime) -> NewSchedule:
+    """Validate a POST /v1/schedules body. Raises ValidationFailed on any fault."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ValidationFailed(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValidationFailed("body must be a JSON object")
+    unknown = sorted(set(data) - _ALLOWED_FIELDS)
+    if unknown:
+        raise ValidationFailed(f"unknown field {unknown[0]!r}", unknown[0])
+
+    client_id = "id" in data
+    schedule_id = data.get("id")
+    if client_id:
+        if not isinstance(schedule_id, str) or not _ID.match(schedule_id):
+            raise ValidationFailed("id must be 1-128 characters of [A-Za-z0-9._:-]", "id")
+    else:
+        schedule_id = uuid.uuid4().hex
+
+    tenant = data.get("tenant", "default")
+    if not isinstance(tenant, str) or not _TENANT.match(tenant):
+        raise ValidationFailed("tenant must be 1-64 characters of [A-Za-z0-9._-]", "tenant")
+
+    if "topic" not in data:
+        raise ValidationFailed("topic is required", "topic")
+    topic = validate_topic(data["topic"])
+
+    if "executeAt" not in data:
+        raise ValidationFailed("executeAt is required", "executeAt")
+    execute_at = parse_time(data["executeAt"], "executeAt")
+    if execute_at - now > limits.horizon:
+        raise ValidationFailed(
+            f"executeAt is beyond the horizon of {limits.horizon.total_seconds():g} s from now",
+            "executeAt",
+        )
+
+    payload, payload_format = _parse_payload(data, limits)
+
+    key = data.get("key")
+    if key is not None and (not isinstance(key, str) or len(key.encode()) > MAX_KEY_BYTES):
+        raise ValidationFailed(f"key must be a string of at most {MAX_KEY_BYTES} bytes", "key")
+
+    headers = _parse_headers(data.get("headers", {}))
+    return NewSchedule(
+        id=schedule_id,
+        client_id=client_id,
+        tenant=tenant,
+        topic=topic,
+        execute_at=execute_at,
+        payload=payload,
+        payload_format=payload_format,
+        key=key,
+        headers=headers,
+    )
+
+
+def _reject_constant(name: str) -> None:
+    # NaN and Infinity are not JSON (RFC 8259); Python's parser accepts them.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _parse_payload(data: dict[str, Any], limits: Limits) -> tuple[bytes, str]:
+    has_json, has_b64 = "payload" in data, "payloadBase64" in data
+    if has_json == has_b64:
+        raise ValidationFailed("exactly one of payload or payloadBase64 is required", "payload")
+    if has_json:
+        field = "payload"
+        payload = json.dumps(data["payload"], separators=(",", ":"), ensure_ascii=False).encode()
+        payload_format = "json"
+    else:
+        field = "payloadBase64"
+        text = data["payloadBase64"]
+        if not isinstance(text, str):
+            raise ValidationFailed("payloadBase64 must be a base64 string", field)
+        try:
+            payload = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValidationFailed("payloadBase64 is not valid base64", field) from None
+        payload_format = "base64"
+    if len(payload) > limits.max_payload_bytes:
+        raise ValidationFailed(
+            f"payload is {len(payload)} bytes, over the limit of {limits.max_payload_bytes}",
+            field,
+            status=413,
+        )
+    return payload, payload_format
+
+
+def _parse_headers(headers: object) -> dict[str, str]:
+    if not isinstance(headers, dict):
+        raise ValidationFailed("headers must be an object of string values", "headers")
+    if len(headers) > MAX_HEADERS:
+        raise ValidationFailed(f"at most {MAX_HEADERS} headers are allowed", "headers")
+    size = 0
+    for name, value in headers.items():
+        if not name or not isinstance(value, str):
+            raise ValidationFailed("headers must map non-empty names to strings", "headers")
+        if name.lower() in RESERVED_HEADERS:
+            raise ValidationFailed(f"header {name!r} is set by the scheduler", "headers")
+        size += len(name.encode()) + len(value.encode())
+    if size > MAX_HEADER_BYTES:
+        raise ValidationFailed(f"headers exceed {MAX_HEADER_BYTES} bytes", "headers")
+    return dict(headers)
+
+
+def public_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """The schedule as the API shows it."""
+    view: dict[str, Any] = {
+        "id": doc["_id"],
+        "tenant": doc["tenant"],
+        "topic": doc["topic"],
+        "executeAt": format_time(doc["executeAt"]),
+        "bucket": doc["bucket"],
+        "status": doc["status"],
+        "attempts": doc.get("attempts", 0),
+        "deliveredAt": format_time(doc.get("deliveredAt")),
+        "lastError": doc.get("lastError"),
+        "key": doc.get("key"),
+        "headers": doc.get("headers") or {},
+        "createdAt": format_time(doc.get("createdAt")),
+    }
+    if doc["status"] == Status.PENDING.value and doc.get("dueAt") != doc["executeAt"]:
+        view["nextAttemptAt"] = format_time(doc.get("dueAt"))
+    payload = bytes(doc.get("payload", b""))
+    if doc.get("payloadFormat") == "json":
+        view["payload"] = json.loads(payload)
+    else:
+        view["payloadBase64"] = base64.b64encode(payload).decode()
+    return view

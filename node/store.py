@@ -1,0 +1,343 @@
+"""The schedule store: every MongoDB read and write of the ``schedules`` and
+``cluster`` collections (DESIGN.md "Mongo").
+
+Two rules shape it:
+
+* Batch every round trip. The bucket owner claims and completes a whole batch
+  with one ``bulk_write`` of ``UpdateMany`` per bucket, never one
+  ``find_one_and_update`` per schedule (DESIGN.md "Bucket poller", step 2).
+* Fence every owner write. A write made for a bucket carries that bucket's
+  lease token, and its filter only matches documents no newer token has
+  touched (``token <= mine`` to claim, ``token == mine`` to complete), so a
+  paused or partitioned former owner cannot overwrite a newer owner's work.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, UpdateMany, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from node.errors import ApiError, BucketCountMismatch
+from node.schedules import NewSchedule, Status
+
+FORMAT_VERSION = 1
+CLUSTER_DOC_ID = "cluster"
+
+# The due-work query, (bucket, status, dueAt): an equality prefix and a range,
+# which both MongoDB and the embedded server answer from the index.
+DUE_INDEX = [("bucket", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING)]
+LIST_INDEX = [("tenant", ASCENDING), ("status", ASCENDING), ("_id", ASCENDING)]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A schedule this node now holds IN_FLIGHT under ``token``."""
+
+    doc: dict[str, Any]
+    token: int
+
+    @property
+    def id(self) -> str:
+        return str(self.doc["_id"])
+
+    @property
+    def bucket(self) -> int:
+        return int(self.doc["bucket"])
+
+    @property
+    def attempt(self) -> int:
+        # The claim incremented attempts in the store; the fetched copy is older.
+        return int(self.doc.get("attempts", 0)) + 1
+
+
+@dataclass(frozen=True)
+class Failure:
+    claimed: Claimed
+    error: str
+
+
+@dataclass(frozen=True)
+class FailureOutcome:
+    retried: int
+    failed: list[Claimed]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int
+    backoff: timedelta
+    backoff_max: timedelta
+
+    def delay(self, attempt: int, rng: random.Random) -> timedelta:
+        """Exponential backoff with full jitter (AWS Architecture Blog,
+        "Exponential Backoff and Jitter"): spreads retries of a failed batch."""
+        ceiling = min(self.backoff_max, self.backoff * (2 ** max(attempt - 1, 0)))
+        jittered: timedelta = ceiling * (0.5 + rng.random() / 2)
+        return jittered
+
+
+class ScheduleStore:
+    def __init__(self, database: AsyncDatabase[dict[str, Any]], bucket_count: int) -> None:
+        self.database = database
+        self.bucket_count = bucket_count
+        self.schedules: AsyncCollection[dict[str, Any]] = database["schedules"]
+        self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"]
+        self._rng = random.Random()
+
+    # -- start-up -------------------------------------------------------------
+
+    async def prepare(self, now: datetime) -> None:
+        """Pin the bucket count and create indexes; both idempotent."""
+        await self._pin_bucket_count(now)
+        await self.schedules.create_index(DUE_INDEX, name="due")
+        await self.schedules.create_index(LIST_INDEX, name="by_tenant")
+
+    async def _pin_bucket_count(self, now: datetime) -> None:
+        try:
+            await self.cluster.insert_one(
+                {
+                    "_id": CLUSTER_DOC_ID,
+                    "buckets": self.bucket_count,
+                    "formatVersion": FORMAT_VERSION,
+                    "createdAt": now,
+                }
+            )
+            return
+        except DuplicateKeyError:
+            pass
+        existing = await self.cluster.find_one({"_id": CLUSTER_DOC_ID})
+        assert existing is not None
+        if existing["buckets"] != self.bucket_count:
+            raise BucketCountMismatch(
+                f"BUCKETS is {self.bucket_count} but database {self.database.name!r} was "
+                f"created with {existing['buckets']} buckets; buckets cannot change once "
+                f"schedules exist: set BUCKETS={existing['buckets']}"
+            )
+        if existing.get("formatVersion", FORMAT_VERSION) > FORMAT_VERSION:
+            raise BucketCountMismatch(
+                f"database {self.database.name!r} has format version "
+                f"{existing['formatVersion']}, newer than this node's {FORMAT_VERSION}"
+            )
+
+    async def ping(self) -> None:
+        await self.database.command("ping")
+
+    # -- the API's reads and writes -------------------------------------------
+
+    async def insert(self, new: NewSchedule, now: datetime) -> tuple[dict[str, Any], bool]:
+        """Store a new schedule; returns (document, created).
+
+        The same client id with the same body returns the stored schedule
+        (created False); with another body it is a 409. One insert, so a
+        schedule is either wholly stored or not at all.
+        """
+        doc = new.to_document(self.bucket_count, now)
+        try:
+            await self.schedules.insert_one(doc)
+            return doc, True
+        except DuplicateKeyError:
+            if not new.client_id:
+                raise  # a random 128-bit id collided: let it surface, never overwrite
+        existing = await self.schedules.find_one({"_id": new.id})
+        if existing is None:  # deleted in between; not something the API does
+            raise ApiError(409, "conflict", f"schedule {new.id!r} changed concurrently", "id")
+        if existing.get("fingerprint") != doc["fingerprint"]:
+            raise ApiError(
+                409, "conflict", f"schedule {new.id!r} exists with a different body", "id"
+            )
+        return existing, False
+
+    async def get(self, schedule_id: str) -> dict[str, Any] | None:
+        return await self.schedules.find_one({"_id": schedule_id})
+
+    async def cancel(self, schedule_id: str, now: datetime) -> dict[str, Any] | None:
+        """PENDING -> CANCELLED in one conditional write.
+
+        The claim only takes PENDING schedules and this only cancels PENDING
+        ones; the store applies one of the two first, so a 200 here means no
+        owner holds it and none ever will.
+        """
+        result = await self.schedules.update_one(
+            {"_id": schedule_id, "status": Status.PENDING.value},
+            {"$set": {"status": Status.CANCELLED.value, "cancelledAt": now}},
+        )
+        doc = await self.get(schedule_id)
+        if doc is None:
+            return None
+        if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
+            raise ApiError(
+                409,
+                "not_cancellable",
+                f"schedule {schedule_id!r} is {doc['status']} and can no longer be cancelled",
+            )
+        return doc
+
+    async def list_page(
+        self, *, tenant: str | None, status: str | None, after: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {}
+        if tenant is not None:
+            query["tenant"] = tenant
+        if status is not None:
+            query["status"] = status
+        if after is not None:
+            query["_id"] = {"$gt": after}
+        cursor = self.schedules.find(query).sort("_id", ASCENDING).limit(limit)
+        return await cursor.to_list()
+
+    # -- the bucket owner's reads and writes ----------------------------------
+
+    async def find_due(
+        self, buckets: Iterable[int], until: datetime, limit: int
+    ) -> list[dict[str, Any]]:
+        """PENDING schedules of ``buckets`` due by ``until``, oldest first.
+
+        Callers pass ``until`` a little past now, so the same query also
+        tells them when the next schedule falls due.
+        """
+        bucket_list = sorted(buckets)
+        if not bucket_list:
+            return []
+        bucket_filter: Any = bucket_list[0] if len(bucket_list) == 1 else {"$in": bucket_list}
+        cursor = (
+            self.schedules.find(
+                {
+                    "bucket": bucket_filter,
+                    "status": Status.PENDING.value,
+                    "dueAt": {"$lte": until},
+                }
+            )
+            .sort("dueAt", ASCENDING)
+            .limit(limit)
+        )
+        return await cursor.to_list()
+
+    async def claim(
+        self, docs: Sequence[dict[str, Any]], tokens: Mapping[int, int], owner: str, now: datetime
+    ) -> list[Claimed]:
+        """PENDING -> IN_FLIGHT under each bucket's token, one round trip.
+
+        The filter takes a schedule only if it is still PENDING and no newer
+        token has written it. Usually every one matches; when some do not
+        (cancelled, or taken by a newer owner) a second read finds which.
+        """
+        by_bucket: dict[int, list[str]] = defaultdict(list)
+        for doc in docs:
+            by_bucket[doc["bucket"]].append(doc["_id"])
+        ops = [
+            UpdateMany(
+                {
+                    "_id": {"$in": ids},
+                    "bucket": bucket,
+                    "status": Status.PENDING.value,
+                    "token": {"$lte": tokens[bucket]},
+                },
+                {
+                    "$set": {
+                        "status": Status.IN_FLIGHT.value,
+                        "token": tokens[bucket],
+                        "owner": owner,
+                        "claimedAt": now,
+                    },
+                    "$inc": {"attempts": 1},
+                },
+            )
+            for bucket, ids in by_bucket.items()
+        ]
+        if not ops:
+            return []
+        result = await self.schedules.bulk_write(ops, ordered=False)
+        if result.modified_count == len(docs):
+            return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs]
+        held = await self.schedules.find(
+            {"_id": {"$in": [d["_id"] for d in docs]}, "status": Status.IN_FLIGHT.value},
+            {"token": 1, "bucket": 1},
+        ).to_list()
+        mine = {h["_id"] for h in held if h.get("token") == tokens[h["bucket"]]}
+        return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs if doc["_id"] in mine]
+
+    async def mark_delivered(self, delivered: Sequence[Claimed], now: datetime) -> int:
+        """IN_FLIGHT -> DELIVERED, only where this token still holds it."""
+        by_key: dict[tuple[int, int], list[str]] = defaultdict(list)
+        for item in delivered:
+            by_key[(item.bucket, item.token)].append(item.id)
+        ops = [
+            UpdateMany(
+                {"_id": {"$in": ids}, "status": Status.IN_FLIGHT.value, "token": token},
+                {"$set": {"status": Status.DELIVERED.value, "deliveredAt": now, "lastError": None}},
+            )
+            for (_bucket, token), ids in by_key.items()
+        ]
+        if not ops:
+            return 0
+        result = await self.schedules.bulk_write(ops, ordered=False)
+        return result.modified_count
+
+    async def record_failures(
+        self, failures: Sequence[Failure], policy: RetryPolicy, now: datetime
+    ) -> FailureOutcome:
+        """Back to PENDING with a later dueAt, or DELIVERY_FAILED past the limit."""
+        ops: list[UpdateOne] = []
+        failed: list[Claimed] = []
+        retried = 0
+        for failure in failures:
+            item = failure.claimed
+            fence = {"_id": item.id, "status": Status.IN_FLIGHT.value, "token": item.token}
+            if item.attempt >= policy.max_attempts:
+                failed.append(item)
+                update: dict[str, Any] = {
+                    "status": Status.DELIVERY_FAILED.value,
+                    "lastError": failure.error,
+                }
+            else:
+                retried += 1
+                update = {
+                    "status": Status.PENDING.value,
+                    "dueAt": now + policy.delay(item.attempt, self._rng),
+                    "lastError": failure.error,
+                }
+            ops.append(UpdateOne(fence, {"$set": update}))
+        if ops:
+            await self.schedules.bulk_write(ops, ordered=False)
+        return FailureOutcome(retried=retried, failed=failed)
+
+    async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
+        """Make schedules left IN_FLIGHT by an older owner of our buckets due again.
+
+        Their former owner died or lost its lease mid-batch; it may or may not
+        have published them, so re-delivering is at-least-once and each is a
+        possible duplicate. Writing our token fences that former owner out.
+        """
+        if not tokens:
+            return []
+        stale = await self.schedules.find(
+            {"bucket": {"$in": sorted(tokens)}, "status": Status.IN_FLIGHT.value},
+            {"bucket": 1, "token": 1},
+        ).to_list()
+        stale = [s for s in stale if s.get("token", 0) < tokens[s["bucket"]]]
+        if not stale:
+            return []
+        ops = [
+            UpdateOne(
+                {"_id": s["_id"], "status": Status.IN_FLIGHT.value, "token": s.get("token", 0)},
+                {"$set": {"status": Status.PENDING.value, "token": tokens[s["bucket"]]}},
+            )
+            for s in stale
+        ]
+        await self.schedules.bulk_write(ops, ordered=False)
+        return [str(s["_id"]) for s in stale]
+
+
+def utcnow() -> datetime:
+    """Wall-clock now, truncated to what BSON stores."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
