@@ -201,7 +201,10 @@ class LeaseManager:
             "$or": [
                 {"$eq": [{"$ifNull": ["$owner", None]}, None]},
                 {"$eq": ["$owner", self.node_id]},
-                {"$lt": ["$expiresAt", "$$NOW"]},
+                # Compared as epoch milliseconds: the embedded SecantusDB
+                # (0.7.0b3) answers false for any date-vs-$$NOW comparison in
+                # an expression; $toLong is the same order on MongoDB 4.0+.
+                {"$lt": [{"$toLong": "$expiresAt"}, {"$toLong": "$$NOW"}]},
             ]
         }
 

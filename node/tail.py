@@ -53,6 +53,8 @@ async def tail(
         auto_offset_reset="earliest" if from_beginning else "latest",
         enable_auto_commit=False,
         group_id=None,
+        # A topic created after we subscribed is seen within a second.
+        metadata_max_age_ms=1000,
     )
     await consumer.start()
     seen = 0

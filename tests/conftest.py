@@ -1,0 +1,207 @@
+"""Fixtures: the real embedded servers (SecantusDB and Tansu) on free ports,
+nodes started in-process against them, and helpers that wait on conditions
+with a deadline instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaConsumer
+from pymongo import AsyncMongoClient
+
+from node import config as node_config
+from node import embedded
+from node.service import Node
+
+HOST = "127.0.0.1"
+_names = itertools.count()
+
+
+@dataclass
+class EmbeddedServers:
+    mongo_host: str
+    mongo_port: int
+    kafka_bootstrap: str
+    data_dir: Path
+    mongo: Any
+    kafka: Any
+
+    @property
+    def mongo_uri(self) -> str:
+        return embedded.mongo_uri(self.mongo_host, self.mongo_port)
+
+
+def start_mongo(data_dir: Path, port: int | None = None) -> tuple[Any, int]:
+    port = port or embedded.free_port(HOST)
+    process = embedded.spawn(embedded.mongo_argv(HOST, port, data_dir))
+    embedded.wait_for_port(HOST, port, 60, process)
+    return process, port
+
+
+def start_kafka() -> tuple[Any, str]:
+    port = embedded.free_port(HOST)
+    process = embedded.spawn(embedded.kafka_argv(HOST, port))
+    embedded.wait_for_port(HOST, port, 60, process)
+    return process, f"{HOST}:{port}"
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServers]:
+    data_dir = tmp_path_factory.mktemp("mongo")
+    mongo, mongo_port = start_mongo(data_dir)
+    kafka, bootstrap = start_kafka()
+    try:
+        yield EmbeddedServers(HOST, mongo_port, bootstrap, data_dir, mongo, kafka)
+    finally:
+        embedded.stop(kafka)
+        embedded.stop(mongo)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{next(_names)}x{int(time.time() * 1000) % 10**8}"
+
+
+@pytest.fixture
+def database_name() -> str:
+    return unique("t")
+
+
+def make_config(
+    servers: EmbeddedServers, database: str, **overrides: str
+) -> node_config.NodeConfig:
+    flags: dict[str, str | None] = {
+        "node_id": "node-a",
+        "http_bind": f"{HOST}:0",
+        "gossip_bind": f"{HOST}:0",
+        "advertise_host": HOST,
+        "mongo_uri": servers.mongo_uri,
+        "mongo_database": database,
+        "kafka_bootstrap": servers.kafka_bootstrap,
+        "buckets": "16",
+        "log_format": "console",
+        "log_level": "warning",
+    }
+    flags.update(overrides)
+    return node_config.load(flags, environ={})
+
+
+class NodeHandle:
+    """A node running in the test's event loop, and an HTTP client for it."""
+
+    def __init__(self, node: Node, session: aiohttp.ClientSession) -> None:
+        self.node = node
+        self.session = session
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.node.http_port}"
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        async with self.session.request(method, self.url + path, **kwargs) as response:
+            text = await response.text()
+            try:
+                import json
+
+                return response.status, json.loads(text)
+            except ValueError:
+                return response.status, text
+
+
+NodeFactory = Callable[..., Awaitable[NodeHandle]]
+
+
+@pytest.fixture
+async def start_node(servers: EmbeddedServers, database_name: str) -> AsyncIterator[NodeFactory]:
+    handles: list[NodeHandle] = []
+    session = aiohttp.ClientSession()
+
+    async def factory(node: Node | None = None, **overrides: str) -> NodeHandle:
+        if node is None:
+            node = Node(make_config(servers, database_name, **overrides))
+        assert await node.start()
+        handle = NodeHandle(node, session)
+        handles.append(handle)
+        return handle
+
+    try:
+        yield factory
+    finally:
+        for handle in handles:
+            await handle.node.stop()
+        await session.close()
+
+
+@pytest.fixture
+async def mongo(servers: EmbeddedServers, database_name: str) -> AsyncIterator[Any]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(servers.mongo_uri, tz_aware=True)
+    try:
+        yield client[database_name]
+    finally:
+        await client.close()
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "condition"
+) -> None:
+    """Poll ``condition`` until true; fail with ``what`` after ``within`` seconds.
+
+    The timeout is a hang guard, not a performance assertion: it is far above
+    what any healthy run needs.
+    """
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within:g} s waiting for {what}")
+
+
+class TopicReader:
+    """Collects every record of a topic from the beginning."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+            # A topic created after we subscribed is seen within a second.
+            metadata_max_age_ms=500,
+        )
+        self.records: list[Any] = []
+
+    async def __aenter__(self) -> TopicReader:
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.consumer.stop()
+
+    async def poll(self) -> list[Any]:
+        batch = await self.consumer.getmany(timeout_ms=100)
+        for records in batch.values():
+            self.records.extend(records)
+        return self.records
+
+    async def wait_for(self, count: int, within: float = 30.0) -> list[Any]:
+        async def enough() -> bool:
+            return len(await self.poll()) >= count
+
+        await wait_until(enough, within, f"{count} records")
+        return self.records
+
+    def by_id(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for record in self.records:
+            out.setdefault(dict(record.headers)["schedule-id"].decode(), []).append(record)
+        return out

@@ -1,0 +1,219 @@
+"""The HTTP API against a real node, store and broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.conftest import NodeFactory, NodeHandle, wait_until
+
+FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+
+
+def schedule(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"topic": "api-test", "executeAt": FAR, "payload": {"n": 1}}
+    base.update(fields)
+    return base
+
+
+@pytest.fixture
+async def api(start_node: NodeFactory) -> NodeHandle:
+    return await start_node(max_payload_bytes="2048")
+
+
+async def count(mongo: Any) -> int:
+    return int(await mongo.schedules.count_documents({}))
+
+
+async def test_create_get_and_idempotent_repeat(api: NodeHandle, mongo: Any) -> None:
+    status, created = await api.request("POST", "/v1/schedules", json=schedule(id="order-1"))
+    assert status == 201
+    assert created["id"] == "order-1"
+    assert created["status"] == "PENDING"
+    assert created["payload"] == {"n": 1}
+    assert 0 <= created["bucket"] < 16
+
+    status, again = await api.request("POST", "/v1/schedules", json=schedule(id="order-1"))
+    assert (status, again) == (200, created)
+
+    status, got = await api.request("GET", "/v1/schedules/order-1")
+    assert (status, got) == (200, created)
+    assert await count(mongo) == 1
+
+
+async def test_same_id_other_body_is_409_and_keeps_the_original(
+    api: NodeHandle, mongo: Any
+) -> None:
+    await api.request("POST", "/v1/schedules", json=schedule(id="dup"))
+    status, body = await api.request(
+        "POST", "/v1/schedules", json=schedule(id="dup", topic="other")
+    )
+    assert status == 409
+    assert body["error"]["code"] == "conflict"
+    assert body["error"]["field"] == "id"
+    _, stored = await api.request("GET", "/v1/schedules/dup")
+    assert stored["topic"] == "api-test"
+
+
+async def test_server_assigns_ids_when_none_given(api: NodeHandle) -> None:
+    _, a = await api.request("POST", "/v1/schedules", json=schedule())
+    _, b = await api.request("POST", "/v1/schedules", json=schedule())
+    assert a["id"] != b["id"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "field"),
+    [
+        (b"{", 400, None),
+        (json.dumps(schedule(bogus=True)).encode(), 400, "bogus"),
+        (json.dumps(schedule(topic="no spaces")).encode(), 400, "topic"),
+        (json.dumps(schedule(executeAt="2030-01-01T00:00:00")).encode(), 400, "executeAt"),
+        (json.dumps(schedule(executeAt="2999-01-01T00:00:00Z")).encode(), 400, "executeAt"),
+        (json.dumps(schedule(payload="x" * 3000)).encode(), 413, "payload"),
+        (
+            json.dumps(
+                schedule(payload=None, payloadBase64=base64.b64encode(b"x" * 3000).decode())
+            ).encode(),
+            400,
+            "payload",
+        ),
+        (json.dumps(schedule(id="bad id")).encode(), 400, "id"),
+        (json.dumps(schedule(headers={"attempt": "1"})).encode(), 400, "headers"),
+    ],
+)
+async def test_bad_input_is_a_4xx_and_changes_nothing(
+    api: NodeHandle, mongo: Any, raw: bytes, status: int, field: str | None
+) -> None:
+    got_status, body = await api.request(
+        "POST", "/v1/schedules", data=raw, headers={"Content-Type": "application/json"}
+    )
+    assert got_status == status
+    assert set(body) == {"error"}
+    assert body["error"]["message"]
+    assert body["error"].get("field") == field
+    assert await count(mongo) == 0
+
+
+async def test_body_far_over_the_limit_is_413_in_the_error_shape(
+    api: NodeHandle, mongo: Any
+) -> None:
+    huge = json.dumps(schedule(payload="x" * 200_000)).encode()
+    status, body = await api.request("POST", "/v1/schedules", data=huge)
+    assert status == 413
+    assert body["error"]["code"] == "payload_too_large"
+    assert await count(mongo) == 0
+
+
+async def test_cancel(api: NodeHandle) -> None:
+    await api.request("POST", "/v1/schedules", json=schedule(id="c1"))
+    status, body = await api.request("DELETE", "/v1/schedules/c1")
+    assert (status, body["status"]) == (200, "CANCELLED")
+    # Cancelling again answers the same: the schedule is cancelled.
+    status, body = await api.request("DELETE", "/v1/schedules/c1")
+    assert (status, body["status"]) == (200, "CANCELLED")
+    status, body = await api.request("DELETE", "/v1/schedules/nope")
+    assert status == 404
+    assert body["error"]["code"] == "not_found"
+
+
+async def test_cancel_after_delivery_is_409(api: NodeHandle, mongo: Any) -> None:
+    await api.request("POST", "/v1/schedules", json=schedule(id="gone"))
+    await mongo.schedules.update_one({"_id": "gone"}, {"$set": {"status": "DELIVERED"}})
+    status, body = await api.request("DELETE", "/v1/schedules/gone")
+    assert status == 409
+    assert body["error"]["code"] == "not_cancellable"
+    _, stored = await api.request("GET", "/v1/schedules/gone")
+    assert stored["status"] == "DELIVERED"
+
+
+async def test_unknown_schedule_and_route_are_json_404(api: NodeHandle) -> None:
+    status, body = await api.request("GET", "/v1/schedules/missing")
+    assert status == 404 and body["error"]["code"] == "not_found"
+    status, body = await api.request("GET", "/v2/whatever")
+    assert status == 404 and body["error"]["code"] == "not_found"
+    status, body = await api.request("PUT", "/v1/schedules/x")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+
+
+async def test_list_pages_through_everything_once(api: NodeHandle) -> None:
+    ids = {f"list-{i:02d}" for i in range(7)}
+    for schedule_id in ids:
+        await api.request("POST", "/v1/schedules", json=schedule(id=schedule_id, tenant="t1"))
+    await api.request("POST", "/v1/schedules", json=schedule(id="other-tenant", tenant="t2"))
+    await api.request("DELETE", "/v1/schedules/list-03")
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        query = "?tenant=t1&limit=3" + (f"&after={cursor}" if cursor else "")
+        status, page = await api.request("GET", "/v1/schedules" + query)
+        assert status == 200
+        assert len(page["schedules"]) <= 3
+        seen.extend(s["id"] for s in page["schedules"])
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids)
+
+    _, cancelled = await api.request("GET", "/v1/schedules?tenant=t1&status=CANCELLED")
+    assert [s["id"] for s in cancelled["schedules"]] == ["list-03"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("?status=DONE", "status"),
+        ("?limit=0", "limit"),
+        ("?limit=abc", "limit"),
+        ("?after=!!!", "after"),
+        ("?colour=red", "colour"),
+    ],
+)
+async def test_list_rejects_bad_parameters(api: NodeHandle, query: str, field: str) -> None:
+    status, body = await api.request("GET", "/v1/schedules" + query)
+    assert status == 400
+    assert body["error"]["field"] == field
+
+
+async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
+    status, body = await api.request("GET", "/healthz")
+    assert status == 200 and body["status"] == "ok"
+    status, body = await api.request("GET", "/readyz")
+    assert status == 200
+    assert body["checks"] == {"started": True, "store": True, "broker": True}
+
+    await api.request("POST", "/v1/schedules", json=schedule())
+    status, text = await api.request("GET", "/metrics")
+    assert status == 200
+    assert "scheduler_schedules_created_total 1.0" in text
+    assert (
+        'scheduler_http_requests_total{method="POST",route="/v1/schedules",status="201"} 1.0'
+        in text
+    )
+
+    async def all_leased() -> bool:
+        _, view = await api.request("GET", "/v1/cluster")
+        return bool(view["buckets"]["held"] == 16)
+
+    await wait_until(all_leased, what="the node to lease every bucket")
+    status, cluster = await api.request("GET", "/v1/cluster")
+    assert status == 200
+    assert cluster["self"] == "node-a"
+    assert cluster["members"] == [
+        {
+            "id": "node-a",
+            "address": cluster["members"][0]["address"],
+            "http": cluster["members"][0]["http"],
+            "state": "alive",
+            "incarnation": 0,
+        }
+    ]
+    assert cluster["buckets"]["count"] == 16
+    owners = cluster["buckets"]["owners"]
+    assert [o["bucket"] for o in owners] == list(range(16))
+    assert {o["owner"] for o in owners} == {"node-a"}
+    assert all(o["token"] >= 1 for o in owners)

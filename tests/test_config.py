@@ -1,0 +1,82 @@
+"""node.config: flags over environment over defaults; bad values named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from node import config as node_config
+
+
+def test_defaults() -> None:
+    config = node_config.load({}, environ={"NODE_ID": "n1"})
+    assert config.node_id == "n1"
+    assert config.buckets == 256
+    assert config.http_bind == ("0.0.0.0", 8080)
+    assert config.kafka_bootstrap == ("127.0.0.1:9092",)
+    assert config.max_payload_bytes == 256 * 1024
+
+
+def test_flag_overrides_environment() -> None:
+    config = node_config.load(
+        {"buckets": "64"}, environ={"NODE_ID": "n1", "BUCKETS": "32", "SEEDS": "a:1,b:2"}
+    )
+    assert config.buckets == 64
+    assert config.seeds == ("a:1", "b:2")
+
+
+def test_advertise_host_defaults_to_a_specific_bind_host() -> None:
+    config = node_config.load({"http_bind": "10.1.2.3:80"}, environ={"NODE_ID": "n1"})
+    assert config.advertise_host == "10.1.2.3"
+    assert config.http_address == "10.1.2.3:80"
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"BUCKETS": "abc"}, "BUCKETS"),
+        ({"BUCKETS": "0"}, "BUCKETS"),
+        ({"MONGO_URI": "postgres://x"}, "MONGO_URI"),
+        ({"HTTP_BIND": "8080"}, "HTTP_BIND"),
+        ({"KAFKA_BOOTSTRAP": ""}, "KAFKA_BOOTSTRAP"),
+        ({"NODE_ID": "bad id"}, "NODE_ID"),
+        ({"LEASE_TTL": "-1"}, "LEASE_TTL"),
+        ({"SEEDS": "host:notaport"}, "SEEDS"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        ({"DEAD_LETTER_TOPIC": "bad topic"}, "DEAD_LETTER_TOPIC"),
+        ({"RETRY_BACKOFF": "10", "RETRY_BACKOFF_MAX": "1"}, "RETRY_BACKOFF_MAX"),
+    ],
+)
+def test_invalid_setting_is_named(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(node_config.ConfigError, match=f"^{named}:"):
+        node_config.load({}, environ={"NODE_ID": "n1", **environ})
+
+
+def test_invalid_flag_names_the_flag() -> None:
+    with pytest.raises(node_config.ConfigError, match=r"^--buckets:"):
+        node_config.load({"buckets": "many"}, environ={"NODE_ID": "n1"})
+
+
+def test_run_with_invalid_config_exits_2_with_one_line_before_starting() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "node", "run", "--node-id", "n1"],
+        env={"BUCKETS": "-5", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "config error: BUCKETS: must be between 1 and 65536, got -5"
+    ]
+    assert result.stdout == ""
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for setting in node_config.SETTINGS:
+        assert f"`{setting.env}`" in readme, setting.env

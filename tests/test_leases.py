@@ -1,0 +1,144 @@
+"""Bucket leases and fencing against the real store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from node.leases import LeaseManager
+from node.schedules import Limits, parse_new_schedule
+from node.store import ScheduleStore
+from tests.conftest import wait_until
+
+BUCKETS = 8
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def manager(
+    mongo: Any, node: str, ttl: float = 30.0, clock: FakeClock | None = None
+) -> LeaseManager:
+    return LeaseManager(mongo.buckets, node, ttl, monotonic=clock or FakeClock())
+
+
+async def test_one_owner_per_bucket_and_release_hands_over(mongo: Any) -> None:
+    a, b = manager(mongo, "a"), manager(mongo, "b")
+    assert await a.acquire(range(BUCKETS)) == list(range(BUCKETS))
+    assert await b.acquire(range(BUCKETS)) == []
+    tokens_a = a.usable()
+
+    assert await a.release([2, 5]) == [2, 5]
+    assert await b.acquire(range(BUCKETS)) == [2, 5]
+    # Every change of owner increments the token.
+    assert b.usable() == {2: tokens_a[2] + 1, 5: tokens_a[5] + 1}
+    docs = {d["_id"]: d async for d in mongo.buckets.find({})}
+    assert {k: d["owner"] for k, d in docs.items()} == {
+        i: ("b" if i in (2, 5) else "a") for i in range(BUCKETS)
+    }
+
+
+async def test_renew_keeps_leases_and_reports_lost_ones(mongo: Any) -> None:
+    a = manager(mongo, "a")
+    await a.acquire(range(BUCKETS))
+    assert await a.renew() == []
+    # Another node took bucket 3 (its lease expired from the database's view).
+    await mongo.buckets.update_one({"_id": 3}, {"$set": {"owner": "z"}, "$inc": {"token": 1}})
+    assert await a.renew() == [3]
+    assert 3 not in a.usable()
+    assert a.losses == 1
+
+
+async def test_expired_lease_is_taken_by_the_database_clock(mongo: Any) -> None:
+    a, b = manager(mongo, "a", ttl=1.0), manager(mongo, "b", ttl=1.0)
+    await a.acquire([0])
+    first = a.usable()[0]
+
+    async def taken_by_b() -> bool:
+        return await b.acquire([0]) == [0]
+
+    # a stops renewing; once the server's clock passes expiresAt, b wins.
+    await wait_until(taken_by_b, within=30, what="the expired lease to be taken")
+    assert b.usable() == {0: first + 1}
+    assert await a.renew() == [0]
+
+
+async def test_local_deadline_stops_work_without_the_database(mongo: Any) -> None:
+    clock = FakeClock()
+    a = manager(mongo, "a", ttl=10.0, clock=clock)
+    await a.acquire([0, 1])
+    token = a.usable()[0]
+    assert a.is_usable(0, token)
+    clock.now += 10.0 - a.margin - 0.01
+    assert set(a.usable()) == {0, 1}
+    clock.now += 0.02
+    # No renew reached the store: the node must stop before the server-side
+    # expiry could let another owner in.
+    assert a.usable() == {}
+    assert not a.is_usable(0, token)
+
+
+async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(mongo: Any) -> None:
+    old = manager(mongo, "a")
+    await old.acquire([0])
+    again = manager(mongo, "a")  # same node id, new process
+    assert await again.acquire([0]) == [0]
+    assert again.usable()[0] == old.usable()[0] + 1
+
+
+def new_doc(schedule_id: str) -> Any:
+    now = datetime.now(UTC)
+    raw = (
+        f'{{"id":"{schedule_id}","topic":"t","executeAt":"2000-01-01T00:00:00Z","payload":1}}'
+    ).encode()
+    return parse_new_schedule(raw, Limits(max_payload_bytes=100, horizon=timedelta(days=1)), now)
+
+
+async def test_fencing_rejects_a_former_owner_after_a_newer_token_acted(mongo: Any) -> None:
+    """Two owners of one bucket: the old one freezes mid-batch, the new one
+    takes over, then the old one resumes. Every write of the old token after
+    the new token acted is rejected by the store's filter."""
+    store = ScheduleStore(mongo, 1)
+    now = datetime.now(UTC)
+    for i in range(4):
+        await store.insert(new_doc(f"s{i}"), now)
+    old, new = 1, 2
+
+    due = await store.find_due([0], now, 10)
+    claimed_by_old = await store.claim(due[:2], {0: old}, "old", now)
+    assert [c.id for c in claimed_by_old] == ["s0", "s1"]
+
+    # The old owner freezes. The new owner acquires token 2 and recovers.
+    recovered = await store.recover_in_flight({0: new})
+    assert sorted(recovered) == ["s0", "s1"]
+    due_new = await store.find_due([0], now, 10)
+    claimed_by_new = await store.claim(due_new, {0: new}, "new", now)
+    assert sorted(c.id for c in claimed_by_new) == ["s0", "s1", "s2", "s3"]
+
+    # The old owner resumes: its completion and its next claim match nothing.
+    assert await store.mark_delivered(claimed_by_old, now) == 0
+    assert await store.claim(due[2:], {0: old}, "old", now) == []
+    docs = {d["_id"]: d async for d in mongo.schedules.find({})}
+    assert {d["token"] for d in docs.values()} == {new}
+    assert {d["status"] for d in docs.values()} == {"IN_FLIGHT"}
+
+    assert await store.mark_delivered(claimed_by_new, now) == 4
+
+
+async def test_claim_skips_cancelled_and_newer_tokens(mongo: Any) -> None:
+    store = ScheduleStore(mongo, 1)
+    now = datetime.now(UTC)
+    for i in range(3):
+        await store.insert(new_doc(f"s{i}"), now)
+    due = await store.find_due([0], now, 10)
+    await store.cancel("s1", now)
+    claimed = await store.claim(due, {0: 5}, "me", now)
+    assert sorted(c.id for c in claimed) == ["s0", "s2"]
+    # A token below the one that last wrote claims nothing.
+    await store.recover_in_flight({0: 6})
+    assert await store.claim(await store.find_due([0], now, 10), {0: 5}, "me", now) == []

@@ -1,0 +1,139 @@
+"""node.schedules: request validation is pure and names the faulty field."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from node.errors import ValidationFailed
+from node.schedules import Limits, Status, parse_new_schedule, public_view
+from ring import bucket_for
+
+NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+LIMITS = Limits(max_payload_bytes=1024, horizon=timedelta(days=30))
+
+
+def body(**fields: Any) -> bytes:
+    base: dict[str, Any] = {"topic": "orders", "executeAt": "2030-01-01T12:00:05Z", "payload": {}}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+def parse(raw: bytes) -> Any:
+    return parse_new_schedule(raw, LIMITS, NOW)
+
+
+def test_minimal_request() -> None:
+    new = parse(body())
+    assert new.topic == "orders"
+    assert new.tenant == "default"
+    assert new.execute_at == datetime(2030, 1, 1, 12, 0, 5, tzinfo=UTC)
+    assert new.payload == b"{}"
+    assert not new.client_id
+    assert len(new.id) == 32
+
+
+def test_offsets_are_normalised_to_utc_milliseconds() -> None:
+    new = parse(body(executeAt="2030-01-01T14:00:05.123456+02:00"))
+    assert new.execute_at == datetime(2030, 1, 1, 12, 0, 5, 123000, tzinfo=UTC)
+
+
+def test_base64_payload_is_decoded() -> None:
+    new = parse(body(payload=..., payloadBase64=base64.b64encode(b"\x00\xff").decode()))
+    assert new.payload == b"\x00\xff"
+    assert new.payload_format == "base64"
+
+
+def test_fingerprint_ignores_id_but_not_content() -> None:
+    a = parse(body(id="a"))
+    assert a.fingerprint() == parse(body(id="b")).fingerprint()
+    assert a.fingerprint() != parse(body(id="a", payload={"x": 1})).fingerprint()
+    # Same instant written with another offset is the same request.
+    assert (
+        parse(body(executeAt="2030-01-01T13:00:05+01:00")).fingerprint()
+        == parse(body(executeAt="2030-01-01T12:00:05Z")).fingerprint()
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "status"),
+    [
+        (b"{not json", None, 400),
+        (b"[1,2]", None, 400),
+        (b'{"topic":"t","executeAt":"2030-01-01T12:00:05Z","payload":NaN}', None, 400),
+        (body(extra=1), "extra", 400),
+        (body(topic=...), "topic", 400),
+        (body(topic="has space"), "topic", 400),
+        (body(topic=".."), "topic", 400),
+        (body(topic="x" * 250), "topic", 400),
+        (body(topic=5), "topic", 400),
+        (body(executeAt=...), "executeAt", 400),
+        (body(executeAt="2030-01-01T12:00:05"), "executeAt", 400),  # naive
+        (body(executeAt="2030-01-01 12:00:05Z"), "executeAt", 400),
+        (body(executeAt="2030-02-30T12:00:05Z"), "executeAt", 400),
+        (body(executeAt="tomorrow"), "executeAt", 400),
+        (body(executeAt=1893499205), "executeAt", 400),
+        (body(executeAt="2031-01-01T12:00:05Z"), "executeAt", 400),  # past the horizon
+        (body(payload=...), "payload", 400),
+        (body(payloadBase64="AAAA"), "payload", 400),  # both
+        (body(payload=..., payloadBase64="***"), "payloadBase64", 400),
+        (body(payload="x" * 2000), "payload", 413),
+        (
+            body(payload=..., payloadBase64=base64.b64encode(b"x" * 1025).decode()),
+            "payloadBase64",
+            413,
+        ),
+        (body(id=""), "id", 400),
+        (body(id="a/b"), "id", 400),
+        (body(id="x" * 129), "id", 400),
+        (body(id=7), "id", 400),
+        (body(tenant="a b"), "tenant", 400),
+        (body(key=5), "key", 400),
+        (body(key="k" * 1025), "key", 400),
+        (body(headers=["a"]), "headers", 400),
+        (body(headers={"a": 1}), "headers", 400),
+        (body(headers={"fence-token": "9"}), "headers", 400),
+        (body(headers={"Schedule-Id": "x"}), "headers", 400),
+    ],
+)
+def test_bad_input_names_the_field(raw: bytes, field: str | None, status: int) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        parse(raw)
+    assert caught.value.field == field
+    assert caught.value.status == status
+    assert caught.value.message
+
+
+def test_past_times_are_accepted_and_due_at_once() -> None:
+    new = parse(body(executeAt="2000-01-01T00:00:00Z"))
+    doc = new.to_document(256, NOW)
+    assert doc["dueAt"] == doc["executeAt"] < NOW
+
+
+def test_document_and_public_view() -> None:
+    new = parse(body(id="order-1:timeout", key="k", headers={"trace": "t1"}, payload=[1, "two"]))
+    doc = new.to_document(256, NOW)
+    assert doc["_id"] == "order-1:timeout"
+    assert doc["bucket"] == bucket_for("order-1:timeout", 256)
+    assert doc["status"] == Status.PENDING
+    assert doc["token"] == 0
+    view = public_view(doc)
+    assert view == {
+        "id": "order-1:timeout",
+        "tenant": "default",
+        "topic": "orders",
+        "executeAt": "2030-01-01T12:00:05.000Z",
+        "bucket": doc["bucket"],
+        "status": "PENDING",
+        "attempts": 0,
+        "deliveredAt": None,
+        "lastError": None,
+        "key": "k",
+        "headers": {"trace": "t1"},
+        "createdAt": "2030-01-01T12:00:00.000Z",
+        "payload": [1, "two"],
+    }
