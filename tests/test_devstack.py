@@ -1,0 +1,160 @@
+"""``python -m node dev`` as a user runs it: a real process tree."""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node import embedded
+from tests.conftest import TopicReader, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def consecutive_free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    for _ in range(200):
+        base = random.randint(20_000, 60_000)
+        if not any(embedded.port_taken("127.0.0.1", base + i, kind) for i in range(count)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+class DevProcess:
+    def __init__(self, args: list[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "node", "dev", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def read_until(self, marker: str, within: float = 120) -> list[str]:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.process.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.output.append(line)
+            if marker in line:
+                return self.output
+        raise AssertionError(f"no {marker!r} in dev output:\n" + "\n".join(self.output))
+
+
+def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, json.load(response)
+
+
+async def test_dev_stack_delivers_and_stops_every_child(tmp_path: Path) -> None:
+    http_port = consecutive_free_ports(2)
+    gossip_port = consecutive_free_ports(2, socket.SOCK_DGRAM)
+    mongo_port, kafka_port = embedded.free_port(), embedded.free_port()
+    dev = DevProcess(
+        [
+            "--nodes",
+            "2",
+            "--http-port",
+            str(http_port),
+            "--gossip-port",
+            str(gossip_port),
+            "--mongo-port",
+            str(mongo_port),
+            "--kafka-port",
+            str(kafka_port),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ]
+    )
+    try:
+        output = dev.read_until("dev: ready")
+        pids = [int(m.group(1)) for line in output if (m := re.search(r"pid (\d+)", line))]
+        assert len(pids) == 4  # mongodb, kafka, node-1, node-2
+        assert any(line.startswith("node-2 ") and str(http_port + 1) in line for line in output)
+
+        execute_at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
+        status, _ = http(
+            "POST",
+            f"http://127.0.0.1:{http_port + 1}/v1/schedules",
+            {"id": "dev-1", "topic": "dev-topic", "executeAt": execute_at, "payload": {"a": 1}},
+        )
+        assert status == 201
+        async with TopicReader(f"127.0.0.1:{kafka_port}", "dev-topic") as reader:
+            [record] = await reader.wait_for(1, within=60)
+        assert record.key == b"dev-1"
+        assert record.value == b'{"a":1}'
+        assert dict(record.headers)["schedule-id"] == b"dev-1"
+
+        async def delivered() -> bool:
+            _, body = http("GET", f"http://127.0.0.1:{http_port}/v1/schedules/dev-1")
+            return bool(body["status"] == "DELIVERED")
+
+        await wait_until(delivered, what="DELIVERED seen from the other node")
+
+        dev.process.send_signal(signal.SIGTERM)
+        assert dev.process.wait(timeout=90) == 0
+        dev.read_until("dev: stopped")
+        still_running = [pid for pid in pids if embedded.pid_alive(pid)]
+        assert still_running == []
+    finally:
+        if dev.process.poll() is None:
+            dev.process.kill()
+            dev.process.wait()
+
+
+def test_dev_refuses_a_taken_port_and_names_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "node",
+                "dev",
+                "--kafka-port",
+                str(port),
+                "--mongo-port",
+                str(embedded.free_port()),
+                "--http-port",
+                str(consecutive_free_ports(3)),
+                "--gossip-port",
+                str(consecutive_free_ports(3, socket.SOCK_DGRAM)),
+                "--data-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} for Kafka (--kafka-port) is already in use" in result.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was started
