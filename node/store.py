@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,9 +32,14 @@ from node.schedules import NewSchedule, Status
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
 
-# The due-work query, (bucket, status, dueAt): an equality prefix and a range,
-# which both MongoDB and the embedded server answer from the index.
-DUE_INDEX = [("bucket", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING)]
+# The due-work queries. The due window, (status, dueAt): an equality and a
+# range, which every MongoDB-protocol server answers from the index with cost
+# proportional to the window. Per bucket, (bucket, status, dueAt): exact for a
+# node that owns few buckets while the window holds other nodes' backlog.
+DUE_INDEX = [("status", ASCENDING), ("dueAt", ASCENDING)]
+DUE_BY_BUCKET_INDEX = [("bucket", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING)]
+# Largest page of the due window read in one round trip.
+MAX_WINDOW_PAGE = 5000
 LIST_INDEX = [("tenant", ASCENDING), ("status", ASCENDING), ("_id", ASCENDING)]
 
 
@@ -99,6 +104,7 @@ class ScheduleStore:
         """Pin the bucket count and create indexes; both idempotent."""
         await self._pin_bucket_count(now)
         await self.schedules.create_index(DUE_INDEX, name="due")
+        await self.schedules.create_index(DUE_BY_BUCKET_INDEX, name="due_by_bucket")
         await self.schedules.create_index(LIST_INDEX, name="by_tenant")
 
     async def _pin_bucket_count(self, now: datetime) -> None:
@@ -197,21 +203,37 @@ class ScheduleStore:
     # -- the bucket owner's reads and writes ----------------------------------
 
     async def find_due(
-        self, buckets: Iterable[int], until: datetime, limit: int
+        self, buckets: Collection[int], until: datetime, limit: int
     ) -> list[dict[str, Any]]:
-        """PENDING schedules of ``buckets`` due by ``until``, oldest first.
+        """Up to ``limit`` PENDING schedules of ``buckets`` due by ``until``, oldest first.
 
-        Callers pass ``until`` a little past now, so the same query also
-        tells them when the next schedule falls due.
+        Callers pass ``until`` a little past now, so the same query also tells
+        them when the next schedule falls due.
+
+        First the cluster-wide due window, sized so that this node's share of
+        it is about ``limit``, filtered to our buckets here. That query costs
+        what the window holds, whatever the collection size or the number of
+        buckets we own (an ``$in`` over 256 buckets does not: the embedded
+        server walks every entry of every listed bucket). Only when the window
+        is larger than a page and our share of that page is short, a second
+        query restricted to our buckets finds the rest.
         """
-        bucket_list = sorted(buckets)
-        if not bucket_list:
+        if not buckets:
             return []
-        bucket_filter: Any = bucket_list[0] if len(bucket_list) == 1 else {"$in": bucket_list}
+        page = min(max(limit, limit * self.bucket_count // len(buckets)), MAX_WINDOW_PAGE)
+        window = await (
+            self.schedules.find({"status": Status.PENDING.value, "dueAt": {"$lte": until}})
+            .sort("dueAt", ASCENDING)
+            .limit(page)
+            .to_list()
+        )
+        mine = [d for d in window if d["bucket"] in buckets]
+        if len(window) < page or len(mine) >= limit:
+            return mine[:limit]
         cursor = (
             self.schedules.find(
                 {
-                    "bucket": bucket_filter,
+                    "bucket": {"$in": sorted(buckets)},
                     "status": Status.PENDING.value,
                     "dueAt": {"$lte": until},
                 }
@@ -319,11 +341,16 @@ class ScheduleStore:
         """
         if not tokens:
             return []
-        stale = await self.schedules.find(
-            {"bucket": {"$in": sorted(tokens)}, "status": Status.IN_FLIGHT.value},
-            {"bucket": 1, "token": 1},
+        # Everything in flight cluster-wide is one batch per node at most, so
+        # read it all from the status index and pick our buckets here.
+        in_flight = await self.schedules.find(
+            {"status": Status.IN_FLIGHT.value}, {"bucket": 1, "token": 1}
         ).to_list()
-        stale = [s for s in stale if s.get("token", 0) < tokens[s["bucket"]]]
+        stale = [
+            s
+            for s in in_flight
+            if s["bucket"] in tokens and s.get("token", 0) < tokens[s["bucket"]]
+        ]
         if not stale:
             return []
         ops = [

@@ -1,0 +1,22 @@
+"""``python -m bench SUITE [--quick] [--out FILE]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench import node_bench
+
+SUITES = {"node": node_bench.main}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args()
+    return SUITES[args.suite](args.quick, args.out)
+
+
+raise SystemExit(main())
