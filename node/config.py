@@ -145,7 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--gossip-bind",
         default="0.0.0.0:7946",
         parse=_parse_host_port,
-        help="HOST:PORT for the UDP gossip protocol",
+        help="HOST:PORT for the UDP gossip protocol (reserved: membership is not active yet)",
     ),
     Setting(
         attr="advertise_host",
@@ -162,7 +162,8 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--seeds",
         default="",
         parse=_parse_seeds,
-        help="comma-separated HOST:PORT gossip seeds, or a DNS name resolving to several",
+        help="comma-separated HOST:PORT gossip seeds, or a DNS name resolving to several "
+        "(reserved: membership is not active yet)",
     ),
     Setting(
         attr="mongo_uri",

@@ -44,33 +44,45 @@ def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
 
 
 class KafkaPublisher:
-    def __init__(self, bootstrap: Sequence[str], *, client_id: str, request_timeout: float = 10.0):
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=list(bootstrap),
-            client_id=client_id,
-            acks="all",
+    def __init__(
+        self, bootstrap: Sequence[str], *, client_id: str, request_timeout: float = 10.0
+    ) -> None:
+        self._settings: dict[str, Any] = {
+            "bootstrap_servers": list(bootstrap),
+            "client_id": client_id,
+            "acks": "all",
             # Batches form while the poller claims; a short linger fills them.
-            linger_ms=2,
-            request_timeout_ms=int(request_timeout * 1000),
-            max_request_size=16 * 1024 * 1024,
-        )
-        self.started = False
+            "linger_ms": 2,
+            "request_timeout_ms": int(request_timeout * 1000),
+            "max_request_size": 16 * 1024 * 1024,
+        }
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._producer is not None
 
     async def start(self) -> None:
-        await self._producer.start()
-        self.started = True
+        # Built here, not in __init__: an aiokafka producer must be closed
+        # once made, and a node that never reaches the broker never makes one.
+        producer = AIOKafkaProducer(**self._settings)
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
 
     async def stop(self) -> None:
-        if self.started:
-            self.started = False
-            await self._producer.stop()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
     async def reachable(self) -> bool:
         """True when the producer has metadata from at least one broker."""
-        if not self.started:
+        if self._producer is None:
             return False
-        client = self._producer.client
-        return any(True for _ in client.cluster.brokers())
+        return any(True for _ in self._producer.client.cluster.brokers())
 
     async def publish(self, records: Sequence[Record]) -> list[BaseException | None]:
         """Send all records, wait for every ack; one result per record, in order.
@@ -79,8 +91,12 @@ class KafkaPublisher:
         batches; a failure of one never fails the others.
         """
 
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("publisher not started")
+
         async def send(record: Record) -> None:
-            future = await self._producer.send(
+            future = await producer.send(
                 record.topic, record.value, key=record.key, headers=record.headers
             )
             await future

@@ -187,7 +187,7 @@ class FailingPublisher(KafkaPublisher):
         self.topic = topic
         self.failures = failures
 
-    @property  # type: ignore[override]
+    @property
     def started(self) -> bool:
         return self.inner.started
 
