@@ -103,6 +103,12 @@ class BucketPoller:
                 failures += 1
                 delay = min(self.poll_interval * 2**failures, 10.0)
                 log.warning("store error in poller", error=str(exc), retry_in=delay)
+            except Exception:
+                # A bug must not silently end delivery for this node: log it
+                # loudly and keep going; the leases stay fenced either way.
+                failures += 1
+                delay = min(self.poll_interval * 2**failures, 10.0)
+                log.exception("unexpected error in poller", retry_in=delay)
             if delay > 0 and not self._stopping:
                 await self._sleep(delay)
 

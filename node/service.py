@@ -170,6 +170,9 @@ class Node:
             except PyMongoError as exc:
                 self.metrics.lease_errors.inc()
                 log.warning("lease round failed", error=str(exc))
+            except Exception:
+                self.metrics.lease_errors.inc()
+                log.exception("unexpected error in lease round")
             self.metrics.buckets_owned.set(len(self.leases.usable()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_leases.wait(), timeout=self.leases.renew_interval)
