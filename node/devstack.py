@@ -157,15 +157,24 @@ class DevStack:
         lines.append(f"logs     {o.data_dir / 'logs'}")
         return "\n".join(lines)
 
-    def wait(self) -> str | None:
-        """Block until a stop is requested (None) or a child dies (its description)."""
+    def wait(self, err: IO[str] = sys.stderr) -> str | None:
+        """Block until a stop is requested (None) or the database or broker dies.
+
+        A node that exits is reported and the rest keep running, so a user
+        can kill one on purpose and watch its buckets move to another.
+        """
+        reported: set[str] = set()
         while not self.stop_requested.wait(0.2):
             for child in self.children:
-                if child.process.poll() is not None:
-                    return (
-                        f"{child.name} exited unexpectedly with {child.process.returncode} "
-                        f"(log: {child.log_path})"
-                    )
+                if child.process.poll() is None or child.name in reported:
+                    continue
+                message = (
+                    f"{child.name} exited with {child.process.returncode} (log: {child.log_path})"
+                )
+                if not child.name.startswith("node-"):
+                    return message
+                reported.add(child.name)
+                print(f"dev: {message}; the other nodes keep running", file=err, flush=True)
         return None
 
     def stop(self) -> None:
@@ -204,9 +213,9 @@ def run_dev(options: DevOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.s
             return 0
         print(stack.describe(), file=out, flush=True)
         print("dev: ready. Ctrl-C stops everything.", file=out, flush=True)
-        failure = stack.wait()
+        failure = stack.wait(err)
         if failure:
-            print(f"dev: {failure}; stopping", file=err, flush=True)
+            print(f"dev: {failure}; stopping everything", file=err, flush=True)
             return 1
         return 0
     except embedded.EmbeddedError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import random
 import re
@@ -117,6 +118,31 @@ async def test_dev_stack_delivers_and_stops_every_child(tmp_path: Path) -> None:
             return bool(body["status"] == "DELIVERED")
 
         await wait_until(delivered, what="DELIVERED seen from the other node")
+
+        # kill -9 the node holding the leases: the other takes its buckets
+        # when they expire, and the stack keeps running.
+        _, cluster = http("GET", f"http://127.0.0.1:{http_port}/v1/cluster")
+        [owner] = {o["owner"] for o in cluster["buckets"]["owners"]}
+        survivor_port = http_port + (1 if owner == "node-1" else 0)
+        owner_pid = next(
+            int(m.group(1))
+            for line in output
+            if line.startswith(owner + " ") and (m := re.search(r"pid (\d+)", line))
+        )
+        os.kill(owner_pid, signal.SIGKILL)
+        dev.read_until(f"{owner} exited with -9")
+        status, _ = http(
+            "POST",
+            f"http://127.0.0.1:{survivor_port}/v1/schedules",
+            {"id": "dev-2", "topic": "dev-topic", "executeAt": execute_at, "payload": 2},
+        )
+        assert status == 201
+
+        async def failed_over() -> bool:
+            _, body = http("GET", f"http://127.0.0.1:{survivor_port}/v1/schedules/dev-2")
+            return bool(body["status"] == "DELIVERED")
+
+        await wait_until(failed_over, within=90, what="the survivor to deliver after the kill")
 
         dev.process.send_signal(signal.SIGTERM)
         assert dev.process.wait(timeout=90) == 0
