@@ -1,0 +1,239 @@
+"""The wire format: a version byte, a flags byte, an optional HMAC-SHA256,
+then a msgpack body ``[sender, [[code, field, ...], ...]]``.
+
+Decoding trusts nothing: every field's type is checked, sizes are bounded
+before msgpack allocates, and any fault raises ``DecodeError`` with a reason
+the transport counts. With cluster keys configured, a packet is sent with the
+first key and accepted under any of them, so keys rotate without downtime:
+add the new key second, then move it first, then drop the old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+
+from membership.messages import (
+    Ack,
+    Alive,
+    Dead,
+    MemberRecord,
+    Message,
+    Nack,
+    Packet,
+    Ping,
+    PingReq,
+    PushPull,
+    State,
+    Suspect,
+)
+
+VERSION = 1
+FLAG_MAC = 0x01
+MAC_BYTES = 32
+HEADER_BYTES = 2
+# A stream frame (push-pull) may hold the whole cluster; a datagram may not.
+MAX_STREAM_BYTES = 16 * 1024 * 1024
+
+
+class DecodeError(ValueError):
+    """A packet was dropped; ``reason`` is the counter it goes to."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+_PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _PUSH_PULL = range(1, 9)
+
+
+def _meta_out(meta: tuple[tuple[str, str], ...]) -> list[list[str]]:
+    return [[k, v] for k, v in meta]
+
+
+def _fields(message: Message) -> list[Any]:
+    match message:
+        case Ping(seq, target, source, address):
+            return [_PING, seq, target, source, address]
+        case PingReq(seq, target, target_address, source, source_address, nack):
+            return [_PING_REQ, seq, target, target_address, source, source_address, nack]
+        case Ack(seq, source):
+            return [_ACK, seq, source]
+        case Nack(seq, source):
+            return [_NACK, seq, source]
+        case Alive(member, incarnation, address, meta):
+            return [_ALIVE, member, incarnation, address, _meta_out(meta)]
+        case Suspect(member, incarnation, source):
+            return [_SUSPECT, member, incarnation, source]
+        case Dead(member, incarnation, source):
+            return [_DEAD, member, incarnation, source]
+        case PushPull(source, address, members, join, reply):
+            records = [
+                [r.member, r.address, r.incarnation, int(r.state), _meta_out(r.meta)]
+                for r in members
+            ]
+            return [_PUSH_PULL, source, address, records, join, reply]
+    raise TypeError(f"not a message: {message!r}")
+
+
+def message_size(message: Message) -> int:
+    """Bytes the message adds to a packet body (for packing piggybacks)."""
+    packed: bytes = msgpack.packb(_fields(message))
+    return len(packed)
+
+
+# Envelope around the messages: header, MAC, the array headers and the sender.
+def envelope_size(sender: str) -> int:
+    packed: bytes = msgpack.packb([sender, []])
+    return HEADER_BYTES + MAC_BYTES + len(packed) + 4
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 512:
+        raise DecodeError("malformed", "expected a short string")
+    return value
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise DecodeError("malformed", "expected a non-negative integer")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise DecodeError("malformed", "expected a boolean")
+    return value
+
+
+def _meta_in(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or len(value) > 32:
+        raise DecodeError("malformed", "bad metadata")
+    pairs = []
+    for pair in value:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise DecodeError("malformed", "bad metadata pair")
+        pairs.append((_str(pair[0]), _str(pair[1])))
+    return tuple(pairs)
+
+
+def _state(value: Any) -> State:
+    try:
+        return State(_int(value))
+    except ValueError:
+        raise DecodeError("malformed", "unknown state") from None
+
+
+def _record(value: Any) -> MemberRecord:
+    if not isinstance(value, list) or len(value) != 5:
+        raise DecodeError("malformed", "bad member record")
+    return MemberRecord(
+        _str(value[0]), _str(value[1]), _int(value[2]), _state(value[3]), _meta_in(value[4])
+    )
+
+
+def _records(value: Any) -> tuple[MemberRecord, ...]:
+    if not isinstance(value, list):
+        raise DecodeError("malformed", "bad member list")
+    return tuple(_record(v) for v in value)
+
+
+_DECODERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
+    _PING: (4, lambda f: Ping(_int(f[0]), _str(f[1]), _str(f[2]), _str(f[3]))),
+    _PING_REQ: (
+        6,
+        lambda f: PingReq(_int(f[0]), _str(f[1]), _str(f[2]), _str(f[3]), _str(f[4]), _bool(f[5])),
+    ),
+    _ACK: (2, lambda f: Ack(_int(f[0]), _str(f[1]))),
+    _NACK: (2, lambda f: Nack(_int(f[0]), _str(f[1]))),
+    _ALIVE: (4, lambda f: Alive(_str(f[0]), _int(f[1]), _str(f[2]), _meta_in(f[3]))),
+    _SUSPECT: (3, lambda f: Suspect(_str(f[0]), _int(f[1]), _str(f[2]))),
+    _DEAD: (3, lambda f: Dead(_str(f[0]), _int(f[1]), _str(f[2]))),
+    _PUSH_PULL: (
+        5,
+        lambda f: PushPull(_str(f[0]), _str(f[1]), _records(f[2]), _bool(f[3]), _bool(f[4])),
+    ),
+}
+
+
+def _message(value: Any) -> Message:
+    if not isinstance(value, list) or not value:
+        raise DecodeError("malformed", "message is not a list")
+    code = value[0]
+    if not isinstance(code, int) or code not in _DECODERS:
+        raise DecodeError("malformed", f"unknown message type {code!r}")
+    arity, build = _DECODERS[code]
+    if len(value) != arity + 1:
+        raise DecodeError("malformed", f"message type {code} needs {arity} fields")
+    return build(value[1:])
+
+
+class Codec:
+    def __init__(self, keys: Sequence[bytes] = (), *, max_bytes: int = 1400) -> None:
+        for key in keys:
+            if len(key) not in (16, 24, 32):
+                raise ValueError("cluster keys must be 16, 24 or 32 bytes")
+        self.keys = tuple(keys)
+        self.max_bytes = max_bytes
+
+    def encode(self, packet: Packet) -> bytes:
+        body: bytes = msgpack.packb([packet.sender, [_fields(m) for m in packet.messages]])
+        if not self.keys:
+            return bytes((VERSION, 0)) + body
+        header = bytes((VERSION, FLAG_MAC))
+        mac = hmac.new(self.keys[0], header + body, hashlib.sha256).digest()
+        return header + mac + body
+
+    def decode(self, data: bytes, *, stream: bool = False) -> Packet:
+        limit = MAX_STREAM_BYTES if stream else self.max_bytes
+        if len(data) > limit:
+            raise DecodeError("too_large", f"{len(data)} bytes")
+        if len(data) < HEADER_BYTES:
+            raise DecodeError("truncated", "no header")
+        version, flags = data[0], data[1]
+        if version != VERSION:
+            raise DecodeError("version", f"version {version}")
+        body = data[HEADER_BYTES:]
+        if self.keys:
+            if not flags & FLAG_MAC or len(body) < MAC_BYTES:
+                raise DecodeError("mac", "packet is not signed")
+            mac, body = body[:MAC_BYTES], body[MAC_BYTES:]
+            signed = data[:HEADER_BYTES] + body
+            if not any(
+                hmac.compare_digest(mac, hmac.new(k, signed, hashlib.sha256).digest())
+                for k in self.keys
+            ):
+                raise DecodeError("mac", "no key matches")
+        elif flags & FLAG_MAC:
+            raise DecodeError("mac", "signed packet but no cluster key configured")
+        try:
+            raw = msgpack.unpackb(
+                body,
+                raw=False,
+                strict_map_key=True,
+                max_str_len=limit,
+                max_bin_len=0,
+                max_array_len=limit,
+                max_map_len=0,
+                max_ext_len=0,
+            )
+        except msgpack.ExtraData:
+            raise DecodeError("malformed", "trailing bytes") from None
+        except (ValueError, msgpack.UnpackException) as exc:
+            reason = (
+                "truncated"
+                if "Insufficient" in str(exc) or "incomplete" in str(exc)
+                else "malformed"
+            )
+            raise DecodeError(reason, str(exc)) from None
+        except Exception as exc:  # msgpack raises assorted errors on hostile input
+            raise DecodeError("malformed", type(exc).__name__) from None
+        if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[1], list):
+            raise DecodeError("malformed", "bad envelope")
+        if not raw[1]:
+            raise DecodeError("malformed", "empty packet")
+        return Packet(_str(raw[0]), tuple(_message(m) for m in raw[1]))

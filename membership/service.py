@@ -1,0 +1,190 @@
+"""The ``Membership`` service: the state machine, a clock and a transport.
+
+The node starts one, reads the view with ``members()`` and learns of changes
+through ``subscribe()``. Everything protocol-shaped lives in ``state.py``;
+this file only moves packets and time in and out of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+from membership.codec import Codec
+from membership.config import SwimConfig
+from membership.messages import Event, MemberView, Packet
+from membership.state import Swim
+from membership.transport import Transport, is_ip, split_address
+
+log = logging.getLogger("membership")
+
+Listener = Callable[[Event], None]
+# While no other member is known, try the seeds again this often.
+REJOIN_INTERVAL = 2.0
+
+
+async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
+    """HOST:PORT entries, or DNS names resolving to several members (a
+    Kubernetes headless Service), as IP:PORT addresses."""
+    loop = asyncio.get_running_loop()
+    out: list[str] = []
+    for seed in seeds:
+        host, port = split_address(seed) if ":" in seed else (seed, default_port)
+        if is_ip(host):
+            out.append(f"{host}:{port}")
+            continue
+        try:
+            infos = await loop.getaddrinfo(
+                host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+            )
+        except OSError as exc:
+            log.warning("seed %s does not resolve: %s", seed, exc)
+            continue
+        for info in infos:
+            ip = info[4][0]
+            out.append(f"{ip.decode() if isinstance(ip, bytes) else ip}:{info[4][1]}")
+    return sorted(set(out))
+
+
+class Membership:
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        bind: tuple[str, int],
+        advertise_host: str,
+        config: SwimConfig,
+        seeds: Sequence[str] = (),
+        keys: Sequence[bytes] = (),
+        meta: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.bind = bind
+        self.advertise_host = advertise_host
+        self.config = config
+        self.seeds = tuple(seeds)
+        self.meta = tuple(sorted((meta or {}).items()))
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.transport = Transport(Codec(keys, max_bytes=config.max_packet_bytes), self._receive)
+        self.swim: Swim | None = None
+        self._listeners: list[Listener] = []
+        self._wake = asyncio.Event()
+        self._left = asyncio.Event()  # set once our Left has been sent enough times
+        self._task: asyncio.Task[None] | None = None
+        self._join_task: asyncio.Task[None] | None = None
+        self.handler_errors = 0
+
+    # -- the node's side -----------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener`` with every membership event, in order."""
+        self._listeners.append(listener)
+
+    def members(self) -> list[MemberView]:
+        return self.swim.view() if self.swim is not None else []
+
+    @property
+    def address(self) -> str:
+        return f"{self.advertise_host}:{self.transport.port}"
+
+    async def start(self) -> None:
+        await self.transport.start(*self.bind)
+        loop = asyncio.get_running_loop()
+        host = self.advertise_host
+        if not is_ip(host):
+            infos = await loop.getaddrinfo(host, None, family=socket.AF_INET)
+            self.advertise_host = str(infos[0][4][0])
+        self.swim = Swim(
+            self.node_id,
+            self.address,
+            self.config,
+            now=self.clock(),
+            rng=self.rng,
+            meta=self.meta,
+            # A restarted node starts above its last life's incarnation in
+            # most cases, and refutes its way up in the rest.
+            incarnation=int(time.time()),
+        )
+        self._task = asyncio.create_task(self._drive(), name=f"membership-{self.node_id}")
+        if self.seeds:
+            self._join_task = asyncio.create_task(self._join_until_known())
+
+    async def _join_until_known(self) -> None:
+        """Join through the seeds; retry while no other member is known."""
+        while self.swim is not None and len(self.swim.members) <= 1 and not self.swim.leaving:
+            addresses = [
+                a for a in await resolve_seeds(self.seeds, self.bind[1]) if a != self.address
+            ]
+            if addresses:
+                self.swim.join(addresses, self.clock())
+                self._flush()
+            await asyncio.sleep(REJOIN_INTERVAL)
+
+    async def leave(self, grace: float) -> None:
+        """Graceful leave: broadcast our Left, wait (at most ``grace`` s) for it to go out."""
+        if self.swim is None:
+            return
+        self.swim.leave(self.clock())
+        self._flush()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._left.wait(), timeout=grace)
+
+    async def stop(self) -> None:
+        for task in (self._join_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.transport.stop()
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _receive(self, packet: Packet) -> None:
+        if self.swim is None:
+            return
+        try:
+            self.swim.receive(packet, self.clock())
+        except Exception:  # a state machine bug must not take the socket down
+            self.handler_errors += 1
+            log.exception("membership: error handling a packet")
+            return
+        self._flush()
+
+    async def _drive(self) -> None:
+        assert self.swim is not None
+        while True:
+            delay = max(0.0, self.swim.next_deadline() - self.clock())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            try:
+                self.swim.tick(self.clock())
+            except Exception:
+                self.handler_errors += 1
+                log.exception("membership: error in a timer")
+            self._flush()
+
+    def _flush(self) -> None:
+        assert self.swim is not None
+        outgoing, events = self.swim.drain()
+        for out in outgoing:
+            self.transport.send(out.address, out.packet, reliable=out.reliable)
+        for event in events:
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("membership: listener failed")
+        if self.swim.leaving and not self.swim.pending_broadcasts():
+            self._left.set()
+        if outgoing or events:
+            # The deadline may have moved (a new suspicion, a gossip due).
+            self._wake.set()

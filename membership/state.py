@@ -1,0 +1,553 @@
+"""The SWIM + Lifeguard state machine. No IO, no clock: everything that
+changes membership state happens in this file, driven by three inputs.
+
+* ``receive(packet, now)``: a packet arrived;
+* ``tick(now)``: time passed; run every timer due by ``now``;
+* ``join(seeds, now)`` / ``leave(now)``: the node's own intent.
+
+After any of them, ``drain()`` returns the packets to send and the
+membership events to publish, and ``next_deadline()`` says when ``tick``
+must run next. The caller owns the clock and the sockets (h11's model).
+
+Precedence of updates about a member, by incarnation (SWIM section 4.2):
+
+* Alive(i) wins over any state with incarnation < i;
+* Suspect(i) wins over Alive(j) and Suspect(j) for j < i, and over Alive(i);
+* Dead(i) wins over Alive(j) and Suspect(j) for j <= i; Dead and Left are
+  final until an Alive with a higher incarnation;
+* about ourselves, Suspect or Dead (and an Alive with a higher incarnation)
+  are refuted: our incarnation jumps past theirs and we broadcast Alive.
+
+States of a member: ALIVE -> SUSPECT (probe failed or a peer suspects it)
+-> DEAD (suspicion timed out, or a peer declared it) and back to ALIVE only
+by a higher incarnation; any state -> LEFT on its own Dead (graceful leave).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from membership.awareness import Awareness
+from membership.broadcast import BroadcastQueue
+from membership.codec import envelope_size, message_size
+from membership.config import SwimConfig
+from membership.messages import (
+    Ack,
+    Alive,
+    Dead,
+    Event,
+    EventKind,
+    MemberRecord,
+    MemberView,
+    Message,
+    Nack,
+    Outgoing,
+    Packet,
+    Ping,
+    PingReq,
+    PushPull,
+    State,
+    Suspect,
+    Update,
+)
+from membership.suspicion import Suspicion
+
+Meta = tuple[tuple[str, str], ...]
+# Lifeguard: an intermediary that hears nothing from the target within this
+# share of the probe timeout says so with a nack (memberlist: 80%).
+NACK_SHARE = 0.8
+
+
+@dataclass
+class _Member:
+    id: str
+    address: str
+    incarnation: int
+    state: State
+    meta: Meta
+    since: float  # when the state last changed
+
+    def view(self) -> MemberView:
+        return MemberView(self.id, self.address, self.state, self.incarnation, self.meta)
+
+
+@dataclass
+class _Probe:
+    seq: int
+    target: str
+    ack_deadline: float  # no ack by then: ask others (ping-req)
+    end: float  # no ack by then: suspect
+    acked: bool = False
+    indirect_sent: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+
+
+@dataclass
+class _Relay:
+    """A ping-req we are carrying out for ``requester``."""
+
+    requester_address: str
+    requester_seq: int
+    target: str
+    nack_at: float | None
+    expires: float
+
+
+@dataclass
+class Stats:
+    probes: int = 0
+    probe_failures: int = 0
+    ping_reqs: int = 0
+    nacks_sent: int = 0
+    suspicions: int = 0
+    deaths: int = 0
+    refutations: int = 0
+    push_pulls: int = 0
+    gossip_packets: int = 0
+    misdirected: int = 0
+
+
+class Swim:
+    def __init__(
+        self,
+        node_id: str,
+        address: str,
+        config: SwimConfig,
+        *,
+        now: float,
+        rng: random.Random,
+        meta: Meta = (),
+        incarnation: int = 0,
+    ) -> None:
+        self.id = node_id
+        self.config = config
+        self.rng = rng
+        self.members: dict[str, _Member] = {
+            node_id: _Member(node_id, address, incarnation, State.ALIVE, meta, now)
+        }
+        self.awareness = Awareness(config.awareness_max)
+        self.stats = Stats()
+        self._queue = BroadcastQueue()
+        self._suspicions: dict[str, Suspicion] = {}
+        self._relays: dict[int, _Relay] = {}
+        self._probe: _Probe | None = None
+        self._probe_order: list[str] = []
+        self._probe_index = 0
+        self._seq = rng.randrange(1 << 30)
+        self._outbox: list[Outgoing] = []
+        self._events: list[Event] = []
+        # Stagger the timers so members started together do not probe in step.
+        self._next_probe = now + rng.random() * config.probe_interval
+        self._next_gossip = now + rng.random() * config.gossip_interval
+        self._next_push_pull = now + self._push_pull_delay()
+        self.leaving = False
+
+    # -- views -------------------------------------------------------------------
+
+    @property
+    def me(self) -> _Member:
+        return self.members[self.id]
+
+    @property
+    def incarnation(self) -> int:
+        return self.me.incarnation
+
+    def view(self) -> list[MemberView]:
+        return [m.view() for m in sorted(self.members.values(), key=lambda m: m.id)]
+
+    def alive_count(self) -> int:
+        return sum(1 for m in self.members.values() if m.state == State.ALIVE)
+
+    def state_of(self, member: str) -> State | None:
+        found = self.members.get(member)
+        return found.state if found else None
+
+    def pending_broadcasts(self) -> int:
+        return len(self._queue)
+
+    # -- outputs -----------------------------------------------------------------
+
+    def drain(self) -> tuple[list[Outgoing], list[Event]]:
+        outgoing, events = self._outbox, self._events
+        self._outbox, self._events = [], []
+        return outgoing, events
+
+    def next_deadline(self) -> float:
+        deadlines = [self._next_probe, self._next_push_pull]
+        if len(self._queue):
+            deadlines.append(self._next_gossip)
+        if self._probe is not None:
+            deadlines.append(self._probe.end)
+            if not self._probe.acked and not self._probe.indirect_sent:
+                deadlines.append(self._probe.ack_deadline)
+        deadlines.extend(s.deadline() for s in self._suspicions.values())
+        for relay in self._relays.values():
+            deadlines.append(relay.expires)
+            if relay.nack_at is not None:
+                deadlines.append(relay.nack_at)
+        return min(deadlines)
+
+    # -- the node's intent -------------------------------------------------------
+
+    def join(self, seeds: Iterable[str], now: float) -> None:
+        """Full state exchange with each seed address (memberlist Join)."""
+        for address in seeds:
+            if address != self.me.address:
+                self._send_push_pull(address, join=True, reply=False)
+
+    def leave(self, now: float) -> None:
+        """Broadcast our own Dead (a graceful leave); the caller keeps running
+        until ``pending_broadcasts()`` is 0 or its grace period ends."""
+        if self.leaving:
+            return
+        self.leaving = True
+        me = self.me
+        me.state, me.since = State.LEFT, now
+        self._queue.push(Dead(self.id, me.incarnation, self.id))
+        self._gossip(now)
+
+    # -- input: packets ----------------------------------------------------------
+
+    def receive(self, packet: Packet, now: float) -> None:
+        for message in packet.messages:
+            self._handle(message, now)
+
+    def _handle(self, message: Message, now: float) -> None:
+        match message:
+            case Ping():
+                self._on_ping(message)
+            case PingReq():
+                self._on_ping_req(message, now)
+            case Ack():
+                self._on_ack(message)
+            case Nack():
+                if self._probe is not None and message.seq == self._probe.seq:
+                    self._probe.nacks += 1
+            case Alive():
+                self._apply_alive(message, now)
+            case Suspect():
+                self._apply_suspect(message, now)
+            case Dead():
+                self._apply_dead(message, now)
+            case PushPull():
+                self._on_push_pull(message, now)
+
+    def _on_ping(self, ping: Ping) -> None:
+        if ping.target != self.id:
+            # A stale address now used by another member: do not ack for it.
+            self.stats.misdirected += 1
+            return
+        self._send(ping.source_address, Ack(ping.seq, self.id))
+
+    def _on_ping_req(self, req: PingReq, now: float) -> None:
+        seq = self._next_seq()
+        timeout = self.awareness.scale(self.config.probe_timeout)
+        self._relays[seq] = _Relay(
+            requester_address=req.source_address,
+            requester_seq=req.seq,
+            target=req.target,
+            nack_at=now + timeout * NACK_SHARE if req.nack else None,
+            expires=now + self.awareness.scale(self.config.probe_interval),
+        )
+        self._send(req.target_address, Ping(seq, req.target, self.id, self.me.address))
+
+    def _on_ack(self, ack: Ack) -> None:
+        probe = self._probe
+        if probe is not None and ack.seq == probe.seq:
+            probe.acked = True
+            return
+        relay = self._relays.pop(ack.seq, None)
+        if relay is not None:
+            self._send(relay.requester_address, Ack(relay.requester_seq, ack.source))
+
+    def _on_push_pull(self, message: PushPull, now: float) -> None:
+        self.stats.push_pulls += 1
+        self._merge(message.source, message.members, now)
+        if not message.reply:
+            # Answer after merging, so a refutation of what they said about
+            # us is already in the state we send back.
+            self._send_push_pull(message.source_address, join=False, reply=True)
+
+    def _merge(self, source: str, records: Iterable[MemberRecord], now: float) -> None:
+        """memberlist mergeState: a remote Dead is only a Suspect here, so a
+        member wrongly declared dead on the other side of a partition gets
+        the time to refute instead of being buried at once."""
+        for r in records:
+            if r.state == State.ALIVE:
+                self._apply_alive(Alive(r.member, r.incarnation, r.address, r.meta), now)
+            elif r.state == State.LEFT:
+                self._apply_dead(Dead(r.member, r.incarnation, r.member), now)
+            else:
+                self._apply_suspect(Suspect(r.member, r.incarnation, source), now)
+
+    # -- the update rules ----------------------------------------------------------
+
+    def _refute(self, incarnation: int, now: float) -> None:
+        """Someone believes an older or worse story about us: outbid it."""
+        if self.leaving:
+            return
+        me = self.me
+        me.incarnation = max(me.incarnation, incarnation) + 1
+        self.stats.refutations += 1
+        # Lifeguard: being suspected hints that we are the slow one.
+        self.awareness.apply(1)
+        self._queue.push(Alive(self.id, me.incarnation, me.address, me.meta))
+
+    def _apply_alive(self, update: Alive, now: float) -> None:
+        if update.member == self.id:
+            if update.incarnation > self.incarnation:
+                self._refute(update.incarnation, now)
+            return
+        member = self.members.get(update.member)
+        if member is None:
+            member = _Member(
+                update.member, update.address, update.incarnation, State.ALIVE, update.meta, now
+            )
+            self.members[update.member] = member
+            self._add_to_probe_order(update.member)
+            self._emit(EventKind.JOINED, member, now)
+            self._queue.push(update)
+            return
+        if update.incarnation <= member.incarnation:
+            return
+        changed = (member.address, member.meta) != (update.address, update.meta)
+        previous = member.state
+        member.incarnation = update.incarnation
+        member.address, member.meta = update.address, update.meta
+        self._suspicions.pop(member.id, None)
+        if previous != State.ALIVE:
+            member.state, member.since = State.ALIVE, now
+            if previous in (State.DEAD, State.LEFT):
+                self._add_to_probe_order(member.id)
+            self._emit(EventKind.ALIVE, member, now)
+        elif changed:
+            self._emit(EventKind.UPDATED, member, now)
+        self._queue.push(update)
+
+    def _apply_suspect(self, update: Suspect, now: float) -> None:
+        if update.member == self.id:
+            if update.incarnation >= self.incarnation:
+                self._refute(update.incarnation, now)
+            return
+        member = self.members.get(update.member)
+        if member is None or update.incarnation < member.incarnation:
+            return
+        if member.state in (State.DEAD, State.LEFT):
+            return
+        if member.state == State.SUSPECT and update.incarnation == member.incarnation:
+            suspicion = self._suspicions.get(member.id)
+            if suspicion is not None and suspicion.confirm(update.source):
+                self._queue.push(update)  # spread the confirmation
+            return
+        member.incarnation = update.incarnation
+        member.state, member.since = State.SUSPECT, now
+        low, high = self.config.suspicion_timeouts(len(self.members))
+        expected = max(0, int(self.config.suspicion_mult) - 2)
+        if len(self.members) - 2 < expected:
+            expected = 0
+        self._suspicions[member.id] = Suspicion(update.source, now, expected, low, high)
+        self.stats.suspicions += 1
+        self._emit(EventKind.SUSPECT, member, now)
+        self._queue.push(update)
+
+    def _apply_dead(self, update: Dead, now: float) -> None:
+        if update.member == self.id:
+            if update.source != self.id and update.incarnation >= self.incarnation:
+                self._refute(update.incarnation, now)
+            return
+        member = self.members.get(update.member)
+        if member is None or update.incarnation < member.incarnation:
+            return
+        if member.state in (State.DEAD, State.LEFT):
+            return
+        left = update.source == update.member
+        member.incarnation = update.incarnation
+        member.state, member.since = (State.LEFT if left else State.DEAD), now
+        self._suspicions.pop(member.id, None)
+        if not left:
+            self.stats.deaths += 1
+        self._emit(EventKind.LEFT if left else EventKind.DEAD, member, now)
+        self._queue.push(update)
+
+    # -- input: time ---------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        probe = self._probe
+        if probe is not None:
+            if not probe.acked and not probe.indirect_sent and now >= probe.ack_deadline:
+                self._send_ping_reqs(probe)
+            if now >= probe.end:
+                self._finish_probe(probe, now)
+        if now >= self._next_probe:
+            self._start_probe(now)
+        for member_id, suspicion in list(self._suspicions.items()):
+            if now >= suspicion.deadline():
+                del self._suspicions[member_id]
+                member = self.members[member_id]
+                self._apply_dead(Dead(member_id, member.incarnation, self.id), now)
+        for seq, relay in list(self._relays.items()):
+            if relay.nack_at is not None and now >= relay.nack_at:
+                relay.nack_at = None
+                self.stats.nacks_sent += 1
+                self._send(relay.requester_address, Nack(relay.requester_seq, self.id))
+            if now >= relay.expires:
+                del self._relays[seq]
+        if now >= self._next_gossip:
+            self._next_gossip = now + self.config.gossip_interval
+            self._gossip(now)
+        if now >= self._next_push_pull:
+            self._next_push_pull = now + self._push_pull_delay()
+            self._periodic_push_pull(now)
+
+    def _start_probe(self, now: float) -> None:
+        interval = self.awareness.scale(self.config.probe_interval)
+        self._next_probe = now + interval
+        target = self._next_probe_target()
+        if target is None:
+            return
+        seq = self._next_seq()
+        self._probe = _Probe(
+            seq=seq,
+            target=target.id,
+            ack_deadline=now + self.awareness.scale(self.config.probe_timeout),
+            end=now + interval,
+        )
+        self.stats.probes += 1
+        extra: list[Message] = []
+        if target.state == State.SUSPECT:
+            # Lifeguard buddy system: tell the suspect first, so it refutes.
+            extra.append(Suspect(target.id, target.incarnation, self.id))
+        self._send(
+            target.address,
+            Ping(seq, target.id, self.id, self.me.address),
+            extra=extra,
+            skip=target.id if extra else None,
+        )
+
+    def _send_ping_reqs(self, probe: _Probe) -> None:
+        probe.indirect_sent = True
+        target = self.members.get(probe.target)
+        if target is None:
+            return
+        helpers = [
+            m
+            for m in self.members.values()
+            if m.state == State.ALIVE and m.id not in (self.id, probe.target)
+        ]
+        chosen = self.rng.sample(helpers, min(self.config.indirect_checks, len(helpers)))
+        probe.expected_nacks = len(chosen)
+        for helper in chosen:
+            self.stats.ping_reqs += 1
+            self._send(
+                helper.address,
+                PingReq(probe.seq, target.id, target.address, self.id, self.me.address, True),
+            )
+
+    def _finish_probe(self, probe: _Probe, now: float) -> None:
+        self._probe = None
+        if probe.acked:
+            self.awareness.apply(-1)
+            return
+        self.stats.probe_failures += 1
+        # Lifeguard: helpers that did not even nack point at our own network.
+        missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
+        self.awareness.apply(missed)
+        target = self.members.get(probe.target)
+        if target is not None and target.state in (State.ALIVE, State.SUSPECT):
+            self._apply_suspect(Suspect(target.id, target.incarnation, self.id), now)
+
+    def _next_probe_target(self) -> _Member | None:
+        """Randomized round robin (SWIM section 4.3): every member is probed
+        once per pass over a shuffled list, so detection time is bounded."""
+        for _ in range(2):
+            while self._probe_index < len(self._probe_order):
+                member = self.members.get(self._probe_order[self._probe_index])
+                self._probe_index += 1
+                if member is not None and member.state in (State.ALIVE, State.SUSPECT):
+                    return member
+            self._probe_order = [
+                m.id
+                for m in self.members.values()
+                if m.id != self.id and m.state in (State.ALIVE, State.SUSPECT)
+            ]
+            self.rng.shuffle(self._probe_order)
+            self._probe_index = 0
+        return None
+
+    def _add_to_probe_order(self, member_id: str) -> None:
+        # At a random place still ahead, as memberlist does, so a newcomer is
+        # probed within this pass.
+        position = self.rng.randint(self._probe_index, len(self._probe_order))
+        self._probe_order.insert(position, member_id)
+
+    def _gossip(self, now: float) -> None:
+        if not len(self._queue):
+            return
+        peers = [
+            m
+            for m in self.members.values()
+            if m.id != self.id and m.state in (State.ALIVE, State.SUSPECT)
+        ]
+        budget = self.config.max_packet_bytes - envelope_size(self.id)
+        limit = self.config.retransmit_limit(len(self.members))
+        for peer in self.rng.sample(peers, min(self.config.gossip_nodes, len(peers))):
+            updates = self._queue.take(budget, limit)
+            if not updates:
+                break
+            self.stats.gossip_packets += 1
+            self._outbox.append(Outgoing(peer.address, Packet(self.id, tuple(updates))))
+
+    def _periodic_push_pull(self, now: float) -> None:
+        retention = self.config.dead_retention
+        for member in list(self.members.values()):
+            if member.state in (State.DEAD, State.LEFT) and now - member.since > retention:
+                del self.members[member.id]
+        # Dead members stay candidates: an exchange across a healed partition
+        # is what lets both sides learn the other is alive again.
+        candidates = [m for m in self.members.values() if m.id != self.id and m.state != State.LEFT]
+        if candidates:
+            self._send_push_pull(self.rng.choice(candidates).address, join=False, reply=False)
+
+    def _push_pull_delay(self) -> float:
+        period = self.config.push_pull_period(len(self.members))
+        return period * (0.5 + self.rng.random())
+
+    # -- output helpers ------------------------------------------------------------
+
+    def _send_push_pull(self, address: str, *, join: bool, reply: bool) -> None:
+        records = tuple(
+            MemberRecord(m.id, m.address, m.incarnation, m.state, m.meta)
+            for m in self.members.values()
+        )
+        message = PushPull(self.id, self.me.address, records, join, reply)
+        self._outbox.append(Outgoing(address, Packet(self.id, (message,)), reliable=True))
+
+    def _send(
+        self,
+        address: str,
+        primary: Message,
+        *,
+        extra: list[Message] | None = None,
+        skip: str | None = None,
+    ) -> None:
+        """Send ``primary`` with as many queued updates as fit (piggyback)."""
+        messages: list[Message] = [primary, *(extra or [])]
+        budget = (
+            self.config.max_packet_bytes
+            - envelope_size(self.id)
+            - sum(message_size(m) for m in messages)
+        )
+        limit = self.config.retransmit_limit(len(self.members))
+        piggyback: list[Update] = self._queue.take(budget, limit, skip=skip)
+        messages.extend(piggyback)
+        self._outbox.append(Outgoing(address, Packet(self.id, tuple(messages))))
+
+    def _emit(self, kind: EventKind, member: _Member, now: float) -> None:
+        self._events.append(Event(kind, member.view(), now))
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) % (1 << 62)
+        return self._seq
