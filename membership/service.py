@@ -14,6 +14,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from membership.codec import Codec
 from membership.config import SwimConfig
@@ -45,9 +46,8 @@ async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
         except OSError as exc:
             log.warning("seed %s does not resolve: %s", seed, exc)
             continue
-        for info in infos:
-            ip = info[4][0]
-            out.append(f"{ip.decode() if isinstance(ip, bytes) else ip}:{info[4][1]}")
+        # AF_INET answers are (ip, port) pairs of a str and an int.
+        out.extend(f"{cast(str, info[4][0])}:{port}" for info in infos)
     return sorted(set(out))
 
 
