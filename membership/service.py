@@ -18,7 +18,7 @@ from typing import cast
 
 from membership.codec import Codec
 from membership.config import SwimConfig
-from membership.messages import Event, MemberView, Packet
+from membership.messages import Event, MemberView, Packet, State
 from membership.state import Swim
 from membership.transport import Transport, is_ip, split_address
 
@@ -134,6 +134,11 @@ class Membership:
             return
         self.swim.leave(self.clock())
         self._flush()
+        if not any(
+            m.state in (State.ALIVE, State.SUSPECT) and m.id != self.node_id
+            for m in self.swim.view()
+        ):
+            return  # nobody to tell
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._left.wait(), timeout=grace)
 

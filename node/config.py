@@ -9,11 +9,13 @@ table all come from that list.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import os
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ring import MAX_BUCKETS
@@ -106,6 +108,21 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _parse_keys(text: str) -> tuple[bytes, ...]:
+    keys = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            key = base64.b64decode(part, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be base64 keys separated by commas") from None
+        if len(key) not in (16, 24, 32):
+            raise ValueError(f"each key must be 16, 24 or 32 bytes, got {len(key)}")
+        keys.append(key)
+    return tuple(keys)
+
+
 def _parse_name(text: str) -> str:
     if not re.match(r"^[A-Za-z0-9_-]{1,63}$", text):
         raise ValueError(f"must be a database name of [A-Za-z0-9_-], got {text!r}")
@@ -145,7 +162,7 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--gossip-bind",
         default="0.0.0.0:7946",
         parse=_parse_host_port,
-        help="HOST:PORT for the UDP gossip protocol (reserved: membership is not active yet)",
+        help="HOST:PORT for gossip: UDP for probes, TCP on the same port for state exchange",
     ),
     Setting(
         attr="advertise_host",
@@ -162,8 +179,24 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--seeds",
         default="",
         parse=_parse_seeds,
-        help="comma-separated HOST:PORT gossip seeds, or a DNS name resolving to several "
-        "(reserved: membership is not active yet)",
+        help="comma-separated HOST:PORT gossip seeds, or a DNS name resolving to several",
+    ),
+    Setting(
+        attr="membership_preset",
+        env="MEMBERSHIP_PRESET",
+        flag="--membership-preset",
+        default="lan",
+        parse=_parse_choice("lan", "fast"),
+        help="gossip timing: lan (memberlist's LAN values) or fast (small, quiet networks)",
+    ),
+    Setting(
+        attr="cluster_keys",
+        env="CLUSTER_KEYS",
+        flag="--cluster-keys",
+        default="",
+        parse=_parse_keys,
+        help="comma-separated base64 keys (16, 24 or 32 bytes) that sign gossip with "
+        "HMAC-SHA256; the first signs, any verifies (rotation). Off when empty",
     ),
     Setting(
         attr="mongo_uri",
@@ -299,6 +332,8 @@ class NodeConfig:
     gossip_bind: tuple[str, int]
     advertise_host: str
     seeds: tuple[str, ...] = ()
+    membership_preset: str = "lan"
+    cluster_keys: tuple[bytes, ...] = field(default=(), repr=False)  # secret: never logged
     mongo_uri: str
     mongo_database: str
     kafka_bootstrap: tuple[str, ...]

@@ -14,7 +14,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from membership.messages import State
+from membership.service import Membership
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -95,5 +100,60 @@ class NodeMetrics:
             registry=r,
         )
 
+    def watch_membership(self, membership: Membership) -> None:
+        self.registry.register(MembershipCollector(membership))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MembershipCollector(Collector):
+    """Reads the gossip layer's counters at scrape time (no bookkeeping twice)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        membership = self.membership
+        members = GaugeMetricFamily(
+            "scheduler_members", "Members in this node's view by state", labels=["state"]
+        )
+        view = membership.members()
+        for state in State:
+            members.add_metric([state.label], sum(1 for m in view if m.state == state))
+        yield members
+        swim = membership.swim
+        if swim is not None:
+            stats = swim.stats
+            for name, value, help_text in (
+                ("probes", stats.probes, "Direct probes sent"),
+                ("probe_failures", stats.probe_failures, "Probes with no ack, direct or indirect"),
+                ("ping_reqs", stats.ping_reqs, "Indirect probe requests sent"),
+                ("suspicions", stats.suspicions, "Members this node began to suspect"),
+                ("deaths", stats.deaths, "Members declared dead"),
+                ("refutations", stats.refutations, "Times this node refuted a suspicion of itself"),
+            ):
+                family = CounterMetricFamily(f"scheduler_gossip_{name}", help_text)
+                family.add_metric([], value)
+                yield family
+            health = GaugeMetricFamily(
+                "scheduler_gossip_local_health",
+                "Lifeguard local health score (0 healthy; timeouts stretch by score + 1)",
+            )
+            health.add_metric([], swim.awareness.score)
+            yield health
+        transport = membership.transport
+        for direction in ("in", "out"):
+            family = CounterMetricFamily(
+                f"scheduler_gossip_bytes_{direction}", f"Gossip bytes {direction}"
+            )
+            family.add_metric([], transport.counters[f"bytes_{direction}"])
+            yield family
+        dropped = CounterMetricFamily(
+            "scheduler_gossip_dropped_packets",
+            "Gossip packets dropped by reason (too_large, truncated, version, mac, malformed)",
+            labels=["reason"],
+        )
+        for reason in ("too_large", "truncated", "version", "mac", "malformed", "stream_error"):
+            dropped.add_metric([reason], transport.dropped[reason])
+        yield dropped

@@ -20,6 +20,9 @@ from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from membership.config import preset
+from membership.messages import Event as MembershipEvent
+from membership.service import Membership
 from node import logs
 from node.api import build_app
 from node.config import NodeConfig
@@ -35,6 +38,7 @@ log = structlog.get_logger("node.service")
 STARTUP_RETRY_MAX = 5.0  # seconds between attempts to reach the store or broker
 READINESS_TIMEOUT = 1.0
 STOP_GRACE = 10.0
+LEAVE_GRACE = 2.0  # at most this long to get our Left out before shutting down
 
 
 class Node:
@@ -68,6 +72,7 @@ class Node:
             ),
             dead_letter_topic=config.dead_letter_topic,
         )
+        self.membership: Membership | None = None
         self.state = "created"
         self.http_port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -91,6 +96,7 @@ class Node:
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
         self.http_port = self._bound_port(site)
+        await self._start_membership()
         self._tasks = [
             asyncio.create_task(self._lease_loop(), name="leases"),
             asyncio.create_task(self.poller.run(), name="poller"),
@@ -103,6 +109,31 @@ class Node:
             mongo_database=self.config.mongo_database,
         )
         return True
+
+    async def _start_membership(self) -> None:
+        config = self.config
+        self.membership = Membership(
+            config.node_id,
+            bind=config.gossip_bind,
+            advertise_host=config.advertise_host,
+            config=preset(config.membership_preset),
+            seeds=config.seeds,
+            keys=config.cluster_keys,
+            # Other nodes reach our API here (wake-up hints, the cluster page).
+            meta={"http": f"{config.advertise_host}:{self.http_port}"},
+        )
+        self.membership.subscribe(self._on_membership_event)
+        self.metrics.watch_membership(self.membership)
+        await self.membership.start()
+        log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
+
+    def _on_membership_event(self, event: MembershipEvent) -> None:
+        log.info(
+            "member " + event.kind.value,
+            member=event.member.id,
+            address=event.member.address,
+            incarnation=event.member.incarnation,
+        )
 
     async def _prepare_store(self) -> None:
         await self.store.prepare(utcnow())
@@ -133,6 +164,9 @@ class Node:
             return
         self.state = "stopping"
         log.info("node leaving")
+        if self.membership is not None:
+            # Tell the cluster first, so peers stop routing work here.
+            await self.membership.leave(grace=LEAVE_GRACE)
         if self._runner is not None:
             await self._runner.cleanup()
         self._stop_leases.set()
@@ -148,6 +182,8 @@ class Node:
             log.warning("could not release leases; they will expire", error=str(exc))
         await self.publisher.stop()
         await self.client.close()
+        if self.membership is not None:
+            await self.membership.stop()
         self.state = "stopped"
         log.info("node stopped")
 
@@ -192,6 +228,7 @@ class Node:
             store_ok = False
         return {
             "started": self.state == "running",
+            "gossip": self.membership is not None and self.membership.swim is not None,
             "store": store_ok,
             "broker": await self.publisher.reachable(),
         }
@@ -207,12 +244,13 @@ class Node:
             "self": self.config.node_id,
             "members": [
                 {
-                    "id": self.config.node_id,
-                    "address": self.config.gossip_address,
-                    "http": self.config.http_address,
-                    "state": "alive",
-                    "incarnation": 0,
+                    "id": m.id,
+                    "address": m.address,
+                    "state": m.state.label,
+                    "incarnation": m.incarnation,
+                    "http": dict(m.meta).get("http"),
                 }
+                for m in (self.membership.members() if self.membership else [])
             ],
             "buckets": {
                 "count": self.config.buckets,

@@ -74,9 +74,27 @@ def test_run_with_invalid_config_exits_2_with_one_line_before_starting() -> None
     assert result.stdout == ""
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
+def test_the_readme_table_is_the_settings_table() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for setting in node_config.SETTINGS:
-        assert f"`{setting.env}`" in readme, setting.env
+    start = readme.index("-->\n", readme.index("<!-- config-table")) + 4
+    end = readme.index("\n<!-- /config-table -->")
+    assert readme[start:end] == node_config.describe()
+
+
+def test_cluster_keys_are_parsed_and_never_printed() -> None:
+    import base64
+
+    old, new = b"o" * 16, b"n" * 32
+    keys = ",".join(base64.b64encode(k).decode() for k in (new, old))
+    config = node_config.load({}, environ={"NODE_ID": "n1", "CLUSTER_KEYS": keys})
+    assert config.cluster_keys == (new, old)
+    assert base64.b64encode(new).decode() not in repr(config)
+    assert "nnnn" not in repr(config)
+
+
+@pytest.mark.parametrize("keys", ["not base64!", "c2hvcnQ="])  # the second is 5 bytes
+def test_bad_cluster_keys_are_refused(keys: str) -> None:
+    with pytest.raises(node_config.ConfigError, match=r"^CLUSTER_KEYS:"):
+        node_config.load({}, environ={"NODE_ID": "n1", "CLUSTER_KEYS": keys})

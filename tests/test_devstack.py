@@ -129,8 +129,19 @@ async def test_dev_stack_delivers_and_stops_every_child(tmp_path: Path) -> None:
             for line in output
             if line.startswith(owner + " ") and (m := re.search(r"pid (\d+)", line))
         )
+        _, view = http("GET", f"http://127.0.0.1:{survivor_port}/v1/cluster")
+        assert {m["id"]: m["state"] for m in view["members"]} == {
+            "node-1": "alive",
+            "node-2": "alive",
+        }
         os.kill(owner_pid, signal.SIGKILL)
         dev.read_until(f"{owner} exited with -9")
+
+        async def owner_dead() -> bool:
+            _, view = http("GET", f"http://127.0.0.1:{survivor_port}/v1/cluster")
+            return {m["id"]: m["state"] for m in view["members"]}[owner] == "dead"
+
+        await wait_until(owner_dead, within=90, what="gossip to declare the killed node dead")
         status, _ = http(
             "POST",
             f"http://127.0.0.1:{survivor_port}/v1/schedules",
