@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import node_bench
+from bench import membership_bench, node_bench
 
-SUITES = {"node": node_bench.main}
+SUITES = {"node": node_bench.main, "membership": membership_bench.main}
 
 
 def main() -> int:

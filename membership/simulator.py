@@ -32,8 +32,9 @@ class SimNode:
     paused: bool = False
     held: list[tuple[Packet, int]] = field(default_factory=list)
     timer_token: int = 0
-    bytes_sent: int = 0
+    bytes_sent: int = 0  # datagrams and streams
     packets_sent: int = 0
+    stream_bytes_sent: int = 0  # push-pull exchanges alone
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,8 @@ class Simulator:
         size = len(self.codec.encode(out.packet))
         node.bytes_sent += size
         node.packets_sent += 1
+        if out.reliable:
+            node.stream_bytes_sent += size
         target = self.by_address.get(out.address)
         if target is None:
             self.dropped += 1
@@ -206,7 +209,10 @@ class Simulator:
         if node.crashed:
             return
         node.timer_token += 1
-        self._push(node.swim.next_deadline(), "timer", (node.id, node.timer_token))
+        # A deadline already past (a gossip round due since the queue was
+        # empty) runs now; virtual time never goes backwards.
+        at = max(self.now, node.swim.next_deadline())
+        self._push(at, "timer", (node.id, node.timer_token))
 
     def _push(self, at: float, kind: str, data: object) -> None:
         self._seq += 1
