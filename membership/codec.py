@@ -164,7 +164,8 @@ def _message(value: Any) -> Message:
     if not isinstance(value, list) or not value:
         raise DecodeError("malformed", "message is not a list")
     code = value[0]
-    if not isinstance(code, int) or code not in _DECODERS:
+    # bool is an int subclass, and True == 1 would read as a Ping.
+    if not isinstance(code, int) or isinstance(code, bool) or code not in _DECODERS:
         raise DecodeError("malformed", f"unknown message type {code!r}")
     arity, build = _DECODERS[code]
     if len(value) != arity + 1:

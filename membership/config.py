@@ -84,15 +84,21 @@ class SwimConfig:
 
 LAN = SwimConfig()
 
-# Small clusters on a quiet LAN: probe twice as often, suspect for half as
-# long, exchange state every 15 s. Detection of a crashed member in about a
-# third of the lan time, for about twice the packets.
+# Small clusters on a quiet LAN: about twice the packets of lan for
+# detection in about half the time. Every change from lan, and why:
 FAST = replace(
     LAN,
+    # Probe twice as often: a crashed member is first missed sooner.
     probe_interval=0.5,
+    # Loopback and a quiet LAN answer in well under a millisecond; 200 ms
+    # still leaves room for a busy peer.
     probe_timeout=0.2,
+    # Suspect for 3 * log10(n) intervals at least instead of 4: with the
+    # shorter interval, 1.5 s for up to 10 members.
     suspicion_mult=3.0,
+    # Gossip twice as often, so updates spread at the pace of the probes.
     gossip_interval=0.1,
+    # Exchange full state twice as often to heal partitions sooner.
     push_pull_interval=15.0,
 )
 

@@ -355,7 +355,9 @@ class Swim:
 
     def _apply_dead(self, update: Dead, now: float) -> None:
         if update.member == self.id:
-            if update.source != self.id and update.incarnation >= self.incarnation:
+            # Our own Dead too, unless we are leaving: it is from a previous
+            # life that left, and we are back (memberlist deadNode).
+            if update.incarnation >= self.incarnation:
                 self._refute(update.incarnation, now)
             return
         member = self.members.get(update.member)
@@ -479,7 +481,10 @@ class Swim:
 
     def _add_to_probe_order(self, member_id: str) -> None:
         # At a random place still ahead, as memberlist does, so a newcomer is
-        # probed within this pass.
+        # probed within this pass. A member revived before the pass reached
+        # its old place is already ahead: once per pass is enough.
+        if member_id in self._probe_order[self._probe_index :]:
+            return
         position = self.rng.randint(self._probe_index, len(self._probe_order))
         self._probe_order.insert(position, member_id)
 
