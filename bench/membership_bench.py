@@ -196,7 +196,9 @@ class RealCluster:
     def __init__(self, size: int, preset: str, base_port: int) -> None:
         self.preset = preset
         self.base_port = base_port
-        self.seeds = f"127.0.0.1:{base_port}"
+        # Every member as a seed, as a DNS name for a headless Service gives:
+        # a restarted member finds the cluster through whoever is up.
+        self.seeds = ",".join(f"127.0.0.1:{base_port + i}" for i in range(size))
         self.agents: dict[str, Agent] = {}
         self.views: dict[str, dict[str, str]] = {}
         for i in range(size):
