@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import membership_bench, node_bench
+from bench import membership_bench, node_bench, ring_bench
 
-SUITES = {"node": node_bench.main, "membership": membership_bench.main}
+SUITES = {
+    "node": node_bench.main,
+    "membership": membership_bench.main,
+    "ring": ring_bench.main,
+}
 
 
 def main() -> int:
