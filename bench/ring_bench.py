@@ -21,14 +21,19 @@ def measure(bucket_count: int, sizes: list[int]) -> list[dict[str, Any]]:
     for n in sizes:
         members = [f"node-{i}" for i in range(n)]
         grown = [*members, f"node-{n}"]
-        shrunk = members[1:]
+        # A member with few buckets leaving moves little, one with many moves
+        # a lot: average over three leavers spread over the list.
+        leavers = sorted({members[0], members[n // 2], members[-1]})
         row: dict[str, Any] = {"members": n}
         for name, place in (("ketama", ketama), ("bounded", bounded)):
             now = place(members, bucket_count)
+            leaves = [
+                moved(now, place([m for m in members if m != x], bucket_count)) for x in leavers
+            ]
             row[name] = {
                 "balance": balance(now),
                 "join_moved": moved(now, place(grown, bucket_count)),
-                "leave_moved": moved(now, place(shrunk, bucket_count)) if n > 1 else 0.0,
+                "leave_moved": sum(leaves) / len(leaves) if n > 1 else 0.0,
             }
         rows.append(row)
     return rows

@@ -16,7 +16,7 @@ from aiohttp import web
 from pymongo.errors import PyMongoError
 
 from node.errors import ApiError, ValidationFailed
-from node.schedules import Limits, Status, parse_new_schedule, public_view
+from node.schedules import Limits, Status, parse_new_schedule, parse_time, public_view
 from node.store import utcnow
 
 if TYPE_CHECKING:
@@ -179,6 +179,20 @@ def _decode_cursor(text: str) -> str:
     return after
 
 
+async def wake(request: web.Request) -> web.Response:
+    """A peer accepted a schedule in one of our buckets, due soon."""
+    node = request.app[NODE_KEY]
+    try:
+        body = json.loads(await request.read())
+        bucket = body["bucket"]
+        due_at = parse_time(body["dueAt"], "dueAt")
+    except (ValueError, KeyError, TypeError):
+        raise ValidationFailed('body must be {"bucket": int, "dueAt": time}') from None
+    if not isinstance(bucket, int) or isinstance(bucket, bool):
+        raise ValidationFailed("bucket must be an integer", "bucket")
+    return json_response({"woken": node.wake(bucket, due_at)}, status=202)
+
+
 async def cluster_view(request: web.Request) -> web.Response:
     return json_response(await request.app[NODE_KEY].cluster_view())
 
@@ -211,6 +225,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/v1/schedules/{schedule_id}", get_schedule)
     app.router.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
     app.router.add_get("/v1/cluster", cluster_view)
+    app.router.add_post("/v1/internal/wake", wake)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -65,6 +65,8 @@ class LeaseManager:
         self.margin = max(0.2 * ttl, min(0.5, ttl / 2))
         self.monotonic = monotonic
         self.held: dict[int, Lease] = {}
+        # Held but withdrawn from new work: about to be released.
+        self.suspended: set[int] = set()
         self.acquisitions = 0
         self.losses = 0
 
@@ -73,9 +75,18 @@ class LeaseManager:
         return self.ttl / 3
 
     def usable(self) -> dict[int, int]:
-        """bucket -> token for every lease whose local deadline is still ahead."""
+        """bucket -> token for every lease new work may start under: held,
+        not about to be released, local deadline still ahead."""
         now = self.monotonic()
-        return {b: lease.token for b, lease in self.held.items() if lease.deadline > now}
+        return {
+            b: lease.token
+            for b, lease in self.held.items()
+            if lease.deadline > now and b not in self.suspended
+        }
+
+    def suspend(self, buckets: Iterable[int]) -> None:
+        """Start no new work on these; work already claimed may finish."""
+        self.suspended.update(set(buckets) & set(self.held))
 
     def is_usable(self, bucket: int, token: int) -> bool:
         lease = self.held.get(bucket)
@@ -185,6 +196,7 @@ class LeaseManager:
         if not chosen:
             return []
         leases = [self.held.pop(b) for b in chosen]
+        self.suspended.difference_update(chosen)
         ops = [
             UpdateOne(
                 {"_id": lease.bucket, "owner": self.node_id, "token": lease.token},
@@ -214,6 +226,7 @@ class LeaseManager:
             self._lose(bucket, "local deadline passed")
 
     def _lose(self, bucket: int, reason: str) -> None:
+        self.suspended.discard(bucket)
         if self.held.pop(bucket, None) is not None:
             self.losses += 1
             log.warning("lease lost", bucket=bucket, reason=reason)

@@ -50,7 +50,8 @@ class NodeMetrics:
         )
         self.deliveries = Counter(
             "scheduler_deliveries_total",
-            "Publish outcomes: delivered, retried, failed, abandoned (lease lost mid-batch)",
+            "Publish outcomes: delivered, retried, failed, abandoned (lease lost mid-batch), "
+            "fenced (published, but a newer owner had taken over)",
             ["outcome"],
             registry=r,
         )
@@ -93,6 +94,18 @@ class NodeMetrics:
         )
         self.lease_losses = Counter(
             "scheduler_lease_losses_total", "Bucket leases lost (not released)", registry=r
+        )
+        self.rebalance_seconds = Histogram(
+            "scheduler_rebalance_duration_seconds",
+            "From a placement change until every wanted bucket is held",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.hints = Counter(
+            "scheduler_wake_hints_total",
+            "Wake-up hints to other owners: sent, refused, failed, dropped",
+            ["outcome"],
+            registry=r,
         )
         self.lease_errors = Counter(
             "scheduler_lease_errors_total",

@@ -75,6 +75,8 @@ class BucketPoller:
         self._wake_at: datetime | None = None
         self._recover_at = 0.0
         self._stopping = False
+        self._idle = asyncio.Event()  # set between rounds
+        self._idle.set()
 
     # -- signals from the rest of the node ---------------------------------------
 
@@ -90,6 +92,11 @@ class BucketPoller:
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+
+    async def quiesce(self) -> None:
+        """Return once no round is in flight (a round started later sees
+        ``leases.usable()`` as it is then)."""
+        await self._idle.wait()
 
     # -- the loop -------------------------------------------------------------
 
@@ -123,6 +130,13 @@ class BucketPoller:
 
     async def run_once(self) -> float:
         """One round; returns how long to sleep before the next."""
+        self._idle.clear()
+        try:
+            return await self._round()
+        finally:
+            self._idle.set()
+
+    async def _round(self) -> float:
         # Cleared before the query: a hint arriving during this round then
         # makes the following sleep return at once instead of being missed.
         self._wake.clear()
@@ -184,11 +198,20 @@ class BucketPoller:
         done_at = self.wall()
         if delivered:
             started = time.perf_counter()
-            await self.store.mark_delivered(delivered, done_at)
+            marked = await self.store.mark_delivered(delivered, done_at)
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
-            self.metrics.deliveries.labels("delivered").inc(len(delivered))
+            self.metrics.deliveries.labels("delivered").inc(marked)
+            if marked < len(delivered):
+                # A newer owner took these over while we published: they went
+                # out twice, and the fence kept our stale mark off its work.
+                self.metrics.deliveries.labels("fenced").inc(len(delivered) - marked)
+                log.warning(
+                    "completion rejected by a newer lease token",
+                    fenced=len(delivered) - marked,
+                    buckets=sorted({c.bucket for c in delivered}),
+                )
             for c in delivered:
                 lateness = (done_at - _aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -22,13 +23,16 @@ from pymongo.errors import PyMongoError
 
 from membership.config import preset
 from membership.messages import Event as MembershipEvent
+from membership.messages import State
 from membership.service import Membership
 from node import logs
 from node.api import build_app
 from node.config import NodeConfig
 from node.errors import BucketCountMismatch
+from node.hints import WakeHints
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
+from node.ownership import Ownership
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
 from node.store import RetryPolicy, ScheduleStore, utcnow
@@ -43,8 +47,6 @@ LEAVE_GRACE = 2.0  # at most this long to get our Left out before shutting down
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
-        from datetime import timedelta
-
         self.config = config
         self.metrics = NodeMetrics()
         self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
@@ -73,11 +75,19 @@ class Node:
             dead_letter_topic=config.dead_letter_topic,
         )
         self.membership: Membership | None = None
+        self.ownership = Ownership(
+            config.node_id,
+            config.buckets,
+            self.leases,
+            self.poller,
+            self.metrics,
+            alive_members=self._alive_members,
+        )
+        self.hints = WakeHints(config.node_id, self.metrics)
         self.state = "created"
         self.http_port: int | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._stop_leases = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -98,7 +108,7 @@ class Node:
         self.http_port = self._bound_port(site)
         await self._start_membership()
         self._tasks = [
-            asyncio.create_task(self._lease_loop(), name="leases"),
+            asyncio.create_task(self.ownership.run(), name="ownership"),
             asyncio.create_task(self.poller.run(), name="poller"),
         ]
         self.state = "running"
@@ -127,7 +137,13 @@ class Node:
         await self.membership.start()
         log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
 
+    def _alive_members(self) -> list[str]:
+        if self.membership is None:
+            return [self.config.node_id]
+        return [m.id for m in self.membership.members() if m.state == State.ALIVE]
+
     def _on_membership_event(self, event: MembershipEvent) -> None:
+        self.ownership.view_changed()
         log.info(
             "member " + event.kind.value,
             member=event.member.id,
@@ -164,22 +180,24 @@ class Node:
             return
         self.state = "stopping"
         log.info("node leaving")
-        if self.membership is not None:
-            # Tell the cluster first, so peers stop routing work here.
-            await self.membership.leave(grace=LEAVE_GRACE)
+        # Graceful leave (DESIGN.md): stop taking calls, finish the batch in
+        # flight, release every lease, then tell the cluster we left, so the
+        # next owners find the buckets free and need not wait for expiry.
         if self._runner is not None:
             await self._runner.cleanup()
-        self._stop_leases.set()
+        self.ownership.stop()
         self.poller.stop()
         if self._tasks:
             _done, pending = await asyncio.wait(self._tasks, timeout=STOP_GRACE)
             for task in pending:
                 task.cancel()
         try:
-            released = await self.leases.release()
-            log.info("leases released on leave", buckets=len(released))
+            await self.ownership.release_all()
         except PyMongoError as exc:
             log.warning("could not release leases; they will expire", error=str(exc))
+        if self.membership is not None:
+            await self.membership.leave(grace=LEAVE_GRACE)
+        await self.hints.close()
         await self.publisher.stop()
         await self.client.close()
         if self.membership is not None:
@@ -187,36 +205,36 @@ class Node:
         self.state = "stopped"
         log.info("node stopped")
 
-    # -- ownership ---------------------------------------------------------------
-
-    def wanted_buckets(self) -> range:
-        # Single-node mode: every bucket that no other live node holds. The
-        # ring of the membership issue narrows this to the buckets it assigns.
-        return range(self.config.buckets)
-
-    async def _lease_loop(self) -> None:
-        while not self._stop_leases.is_set():
-            try:
-                lost = await self.leases.renew()
-                gained = await self.leases.acquire(self.wanted_buckets())
-                self.metrics.lease_losses.inc(len(lost))
-                self.metrics.lease_acquisitions.inc(len(gained))
-                if lost or gained:
-                    self.poller.leases_changed()
-            except PyMongoError as exc:
-                self.metrics.lease_errors.inc()
-                log.warning("lease round failed", error=str(exc))
-            except Exception:
-                self.metrics.lease_errors.inc()
-                log.exception("unexpected error in lease round")
-            self.metrics.buckets_owned.set(len(self.leases.usable()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_leases.wait(), timeout=self.leases.renew_interval)
+    # -- wake-up hints --------------------------------------------------------------
 
     def schedule_accepted(self, doc: dict[str, Any]) -> None:
-        """Wake the poller when it owns the new schedule and it is due soon."""
-        if doc["bucket"] in self.leases.usable():
-            self.poller.hint(doc["dueAt"])
+        """Make sure the owner of a new schedule wakes in time for it.
+
+        Ours: wake our poller if the schedule is due before its next round.
+        Another node's: tell it over HTTP when it is due within a poll
+        interval, so lateness does not depend on that node's poll interval.
+        """
+        bucket, due_at = doc["bucket"], doc["dueAt"]
+        if bucket in self.leases.usable():
+            self.poller.hint(due_at)
+            return
+        owner = self.ownership.owner_of(bucket)
+        if owner is None or owner == self.config.node_id or self.membership is None:
+            return
+        if (due_at - utcnow()).total_seconds() > self.config.poll_interval:
+            return  # the owner's own look-ahead will see it in time
+        address = next(
+            (dict(m.meta).get("http") for m in self.membership.members() if m.id == owner), None
+        )
+        if address:
+            self.hints.send(address, bucket, due_at)
+
+    def wake(self, bucket: int, due_at: datetime) -> bool:
+        """A peer's hint: True when we hold the bucket and woke the poller."""
+        if bucket in self.leases.usable():
+            self.poller.hint(due_at)
+            return True
+        return False
 
     # -- views ----------------------------------------------------------------
 
@@ -255,8 +273,17 @@ class Node:
             "buckets": {
                 "count": self.config.buckets,
                 "held": len(self.leases.usable()),
+                "wanted": len(self.ownership.wanted),
+                "settled": self.ownership.settled,
                 "owners": [
-                    {"bucket": d["_id"], "owner": d.get("owner"), "token": d.get("token", 0)}
+                    {
+                        "bucket": d["_id"],
+                        "owner": d.get("owner"),
+                        "token": d.get("token", 0),
+                        # where this node's view places it; differs from
+                        # owner only while a hand-over is under way
+                        "placed": self.ownership.owner_of(d["_id"]),
+                    }
                     for d in leases
                 ],
             },

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from node import embedded
+from ring import bucket_for
 from tests.conftest import TopicReader, wait_until
 
 pytestmark = pytest.mark.slow
@@ -119,38 +120,49 @@ async def test_dev_stack_delivers_and_stops_every_child(tmp_path: Path) -> None:
 
         await wait_until(delivered, what="DELIVERED seen from the other node")
 
-        # kill -9 the node holding the leases: the other takes its buckets
-        # when they expire, and the stack keeps running.
-        _, cluster = http("GET", f"http://127.0.0.1:{http_port}/v1/cluster")
-        [owner] = {o["owner"] for o in cluster["buckets"]["owners"]}
-        survivor_port = http_port + (1 if owner == "node-1" else 0)
-        owner_pid = next(
-            int(m.group(1))
-            for line in output
-            if line.startswith(owner + " ") and (m := re.search(r"pid (\d+)", line))
-        )
-        _, view = http("GET", f"http://127.0.0.1:{survivor_port}/v1/cluster")
+        # The two nodes split the buckets; kill -9 node-2: node-1 takes its
+        # buckets once their leases expire, and the stack keeps running.
+        async def split() -> bool:
+            _, view = http("GET", f"http://127.0.0.1:{http_port}/v1/cluster")
+            owners = {o["owner"] for o in view["buckets"]["owners"]}
+            return bool(view["buckets"]["settled"]) and owners == {"node-1", "node-2"}
+
+        await wait_until(split, within=90, what="the two nodes to split the buckets")
+        _, view = http("GET", f"http://127.0.0.1:{http_port}/v1/cluster")
         assert {m["id"]: m["state"] for m in view["members"]} == {
             "node-1": "alive",
             "node-2": "alive",
         }
-        os.kill(owner_pid, signal.SIGKILL)
-        dev.read_until(f"{owner} exited with -9")
+        owner_of = {o["bucket"]: o["owner"] for o in view["buckets"]["owners"]}
+        # A schedule in one of node-2's buckets, to be delivered by node-1.
+        orphan = next(
+            f"dev-2-{i}"
+            for i in range(10_000)
+            if owner_of[bucket_for(f"dev-2-{i}", 256)] == "node-2"
+        )
+        node2_pid = next(
+            int(m.group(1))
+            for line in output
+            if line.startswith("node-2 ") and (m := re.search(r"pid (\d+)", line))
+        )
+        os.kill(node2_pid, signal.SIGKILL)
+        dev.read_until("node-2 exited with -9")
 
-        async def owner_dead() -> bool:
-            _, view = http("GET", f"http://127.0.0.1:{survivor_port}/v1/cluster")
-            return {m["id"]: m["state"] for m in view["members"]}[owner] == "dead"
+        async def node2_dead() -> bool:
+            _, view = http("GET", f"http://127.0.0.1:{http_port}/v1/cluster")
+            return {m["id"]: m["state"] for m in view["members"]}["node-2"] == "dead"
 
-        await wait_until(owner_dead, within=90, what="gossip to declare the killed node dead")
+        await wait_until(node2_dead, within=90, what="gossip to declare the killed node dead")
+        survivor_port = http_port
         status, _ = http(
             "POST",
             f"http://127.0.0.1:{survivor_port}/v1/schedules",
-            {"id": "dev-2", "topic": "dev-topic", "executeAt": execute_at, "payload": 2},
+            {"id": orphan, "topic": "dev-topic", "executeAt": execute_at, "payload": 2},
         )
         assert status == 201
 
         async def failed_over() -> bool:
-            _, body = http("GET", f"http://127.0.0.1:{survivor_port}/v1/schedules/dev-2")
+            _, body = http("GET", f"http://127.0.0.1:{survivor_port}/v1/schedules/{orphan}")
             return bool(body["status"] == "DELIVERED")
 
         await wait_until(failed_over, within=90, what="the survivor to deliver after the kill")

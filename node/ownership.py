@@ -1,0 +1,167 @@
+"""Rebalancing: from the membership view to the bucket leases this node holds.
+
+Every node places the ALIVE members of its own view on the bounded
+rendezvous placement (``ring.bounded``) and wants the buckets that land on
+itself. Views differ for a moment during joins, crashes and partitions, so
+two nodes may want the same bucket; the lease decides, and the fencing token
+makes the overlap harmless.
+
+States of the node's share (after kazoo's SetPartitioner, which also
+releases before it acquires):
+
+* stable: every wanted bucket is held, nothing else is;
+* releasing: buckets no longer wanted are withdrawn from the poller at once,
+  the batch in flight finishes, then their leases are released so the new
+  owner need not wait for expiry;
+* acquiring: wanted buckets another node still holds are retried every
+  ``retry_interval`` until that node releases them or their lease expires.
+
+Leases are renewed every TTL/3 in one bulk round trip whatever the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+from pymongo.errors import PyMongoError
+
+from node.leases import LeaseManager
+from node.metrics import NodeMetrics
+from node.poller import BucketPoller
+from ring import bounded, owned_by
+
+log = structlog.get_logger("node.ownership")
+
+RETRY_INTERVAL = 0.25  # while a wanted bucket is still held elsewhere
+
+
+class Ownership:
+    def __init__(
+        self,
+        node_id: str,
+        bucket_count: int,
+        leases: LeaseManager,
+        poller: BucketPoller,
+        metrics: NodeMetrics,
+        *,
+        alive_members: Callable[[], Iterable[str]],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node_id = node_id
+        self.bucket_count = bucket_count
+        self.leases = leases
+        self.poller = poller
+        self.metrics = metrics
+        self.alive_members = alive_members
+        self.monotonic = monotonic
+        self.owners: tuple[str, ...] = ()
+        self.wanted: frozenset[int] = frozenset()
+        self._view: tuple[str, ...] = ()
+        self._changed = True
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._unsettled_since: float | None = None
+        self._next_renew = 0.0
+
+    # -- inputs ------------------------------------------------------------------
+
+    def view_changed(self) -> None:
+        self._changed = True
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def owner_of(self, bucket: int) -> str | None:
+        return self.owners[bucket] if bucket < len(self.owners) else None
+
+    @property
+    def settled(self) -> bool:
+        return self._unsettled_since is None
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            delay = self.leases.renew_interval
+            try:
+                delay = await self.step()
+            except PyMongoError as exc:
+                self.metrics.lease_errors.inc()
+                log.warning("lease round failed", error=str(exc))
+            except Exception:
+                self.metrics.lease_errors.inc()
+                log.exception("unexpected error in the lease round")
+            self.metrics.buckets_owned.set(len(self.leases.usable()))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+
+    async def step(self) -> float:
+        """One round; returns how long to wait before the next."""
+        if self._changed:
+            self._changed = False
+            self._replace()
+        lost = set(self.leases.held) - self.wanted
+        if lost:
+            await self._release(lost)
+        now = self.monotonic()
+        if now >= self._next_renew:
+            self._next_renew = now + self.leases.renew_interval
+            dropped = await self.leases.renew()
+            if dropped:
+                self.metrics.lease_losses.inc(len(dropped))
+                self.poller.leases_changed()
+        missing = self.wanted - set(self.leases.held)
+        if missing:
+            gained = await self.leases.acquire(missing)
+            if gained:
+                self.metrics.lease_acquisitions.inc(len(gained))
+                self.poller.leases_changed()
+            missing -= set(gained)
+        if not missing and self._unsettled_since is not None:
+            took = self.monotonic() - self._unsettled_since
+            self._unsettled_since = None
+            self.metrics.rebalance_seconds.observe(took)
+            log.info("rebalanced", held=len(self.leases.held), seconds=round(took, 3))
+        return RETRY_INTERVAL if missing else max(0.0, self._next_renew - self.monotonic())
+
+    def _replace(self) -> None:
+        view = tuple(sorted(set(self.alive_members()) | {self.node_id}))
+        if view == self._view:
+            return
+        self._view = view
+        self.owners = bounded(view, self.bucket_count)
+        wanted = owned_by(self.owners, self.node_id)
+        if wanted != self.wanted:
+            gained, lost = wanted - self.wanted, self.wanted - wanted
+            self.wanted = wanted
+            if self._unsettled_since is None:
+                self._unsettled_since = self.monotonic()
+            log.info(
+                "placement changed",
+                members=len(view),
+                wanted=len(wanted),
+                gained=len(gained),
+                lost=len(lost),
+            )
+
+    async def _release(self, buckets: set[int]) -> None:
+        # Withdraw first, so no new round includes them; let the round in
+        # flight finish under its valid lease; then hand them over.
+        self.leases.suspend(buckets)
+        self.poller.leases_changed()
+        await self.poller.quiesce()
+        released = await self.leases.release(buckets)
+        log.info("released buckets to their new owners", buckets=len(released))
+
+    async def release_all(self) -> None:
+        """Graceful leave: the poller has stopped; hand every lease over."""
+        self.wanted = frozenset()
+        if self.leases.held:
+            await self._release(set(self.leases.held))

@@ -1,0 +1,134 @@
+"""Nodes split the buckets by the placement of their gossip view, hand them
+over on a graceful leave without waiting for expiry, and take a crashed
+node's buckets once its leases expire."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ring import bounded, owned_by
+from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
+
+BUCKETS = 32
+
+
+async def cluster(start_node: NodeFactory, names: list[str], **overrides: str) -> list[NodeHandle]:
+    first = await start_node(
+        node_id=names[0], membership_preset="fast", buckets=str(BUCKETS), **overrides
+    )
+    seed = first.node.membership.address  # type: ignore[union-attr]
+    rest = [
+        await start_node(
+            node_id=name, membership_preset="fast", buckets=str(BUCKETS), seeds=seed, **overrides
+        )
+        for name in names[1:]
+    ]
+    return [first, *rest]
+
+
+def alive_view(handle: NodeHandle) -> set[str]:
+    assert handle.node.membership is not None
+    return {m.id for m in handle.node.membership.members() if m.state.label == "alive"}
+
+
+async def settled_on(nodes: list[NodeHandle], mongo: Any) -> bool:
+    """Every node sees the same members, holds exactly its placement, and the
+    store agrees bucket by bucket."""
+    names = {n.node.config.node_id for n in nodes}
+    if any(alive_view(n) != names for n in nodes):
+        return False
+    placement = bounded(names, BUCKETS)
+    for n in nodes:
+        mine = owned_by(placement, n.node.config.node_id)
+        if set(n.node.leases.usable()) != mine or not n.node.ownership.settled:
+            return False
+    docs = {d["_id"]: d async for d in mongo.buckets.find({})}
+    return all(docs.get(b, {}).get("owner") == placement[b] for b in range(BUCKETS))
+
+
+async def test_nodes_split_the_buckets_and_a_graceful_leave_hands_them_over(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    # Leases of two minutes: within this test, only a release can move a bucket.
+    nodes = await cluster(start_node, ["a", "b", "c"], lease_ttl="120")
+    await wait_until(lambda: settled_on(nodes, mongo), within=60, what="a settled 3-node split")
+    tokens_before = {d["_id"]: d["token"] async for d in mongo.buckets.find({})}
+
+    await nodes[2].node.stop()
+    await wait_until(
+        lambda: settled_on(nodes[:2], mongo), within=60, what="c's buckets handed to a and b"
+    )
+    moved = owned_by(bounded(["a", "b", "c"], BUCKETS), "c")
+    tokens_after = {d["_id"]: d["token"] async for d in mongo.buckets.find({})}
+    assert all(tokens_after[b] == tokens_before[b] + 1 for b in moved)
+    # Members left gracefully are LEFT, not DEAD, in the others' views.
+    states = {m.id: m.state.label for m in nodes[0].node.membership.members()}  # type: ignore[union-attr]
+    assert states["c"] == "left"
+
+
+async def test_a_join_takes_its_share(start_node: NodeFactory, mongo: Any) -> None:
+    nodes = await cluster(start_node, ["a", "b"], lease_ttl="120")
+    await wait_until(lambda: settled_on(nodes, mongo), within=60, what="a settled 2-node split")
+    seed = nodes[0].node.membership.address  # type: ignore[union-attr]
+    newcomer = await start_node(
+        node_id="c", membership_preset="fast", buckets=str(BUCKETS), seeds=seed, lease_ttl="120"
+    )
+    await wait_until(
+        lambda: settled_on([*nodes, newcomer], mongo), within=60, what="the newcomer's share"
+    )
+    assert len(newcomer.node.leases.usable()) == len(owned_by(bounded("abc", BUCKETS), "c")) > 0
+
+
+async def crash(handle: NodeHandle) -> None:
+    """Stop a node the way kill -9 does: no leave, no release, no goodbye."""
+    node = handle.node
+    for task in node._tasks:
+        task.cancel()
+    await asyncio.gather(*node._tasks, return_exceptions=True)
+    if node._runner is not None:
+        await node._runner.cleanup()
+    assert node.membership is not None
+    await node.membership.stop()
+    await node.publisher.stop()
+    await node.client.close()
+    node.state = "stopped"
+
+
+async def test_a_crashed_node_s_buckets_move_after_expiry_and_nothing_is_lost(
+    start_node: NodeFactory, mongo: Any, servers: EmbeddedServers
+) -> None:
+    topic = unique("crash")
+    nodes = await cluster(start_node, ["a", "b", "c"], lease_ttl="3")
+    await wait_until(lambda: settled_on(nodes, mongo), within=60, what="a settled 3-node split")
+    due = (datetime.now(UTC) + timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+    ids = [f"c{i}" for i in range(60)]
+    for i, schedule_id in enumerate(ids):
+        status, _ = await nodes[i % 3].request(
+            "POST",
+            "/v1/schedules",
+            json={"id": schedule_id, "topic": topic, "executeAt": due, "payload": i},
+        )
+        assert status == 201
+    await crash(nodes[1])
+
+    async def b_dead() -> bool:
+        return all(
+            {m.id: m.state.label for m in n.node.membership.members()}.get("b") == "dead"  # type: ignore[union-attr]
+            for n in (nodes[0], nodes[2])
+        )
+
+    await wait_until(b_dead, within=60, what="gossip to declare b dead")
+    survivors = [nodes[0], nodes[2]]
+    await wait_until(lambda: settled_on(survivors, mongo), within=60, what="b's buckets taken over")
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        await reader.wait_for(len(ids), within=60)
+        by_id = reader.by_id()
+    assert sorted(by_id) == sorted(ids)  # none lost
+
+    async def all_marked() -> bool:
+        n = await mongo.schedules.count_documents({"topic": topic, "status": "DELIVERED"})
+        return bool(n == len(ids))
+
+    await wait_until(all_marked, what="every schedule DELIVERED")
