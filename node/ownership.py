@@ -89,6 +89,9 @@ class Ownership:
     async def run(self) -> None:
         while not self._stopping.is_set():
             delay = self.leases.renew_interval
+            # Cleared before the round: a view change during it then cuts the
+            # following wait short instead of being noticed a renew later.
+            self._wake.clear()
             try:
                 delay = await self.step()
             except PyMongoError as exc:
@@ -98,7 +101,6 @@ class Ownership:
                 self.metrics.lease_errors.inc()
                 log.exception("unexpected error in the lease round")
             self.metrics.buckets_owned.set(len(self.leases.usable()))
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 

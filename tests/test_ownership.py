@@ -132,3 +132,53 @@ async def test_a_crashed_node_s_buckets_move_after_expiry_and_nothing_is_lost(
         return bool(n == len(ids))
 
     await wait_until(all_marked, what="every schedule DELIVERED")
+
+
+async def test_a_schedule_posted_to_a_non_owner_wakes_the_owner(
+    start_node: NodeFactory, mongo: Any, servers: EmbeddedServers
+) -> None:
+    # Owners poll only every 60 s: only the hint can deliver within the wait.
+    topic = unique("hint")
+    nodes = await cluster(start_node, ["a", "b"], lease_ttl="120", poll_interval="60")
+    await wait_until(lambda: settled_on(nodes, mongo), within=60, what="a settled 2-node split")
+    await asyncio.sleep(0.5)  # both pollers asleep on their long interval
+    placement = bounded(["a", "b"], BUCKETS)
+    from ring import bucket_for
+
+    in_b = next(f"h{i}" for i in range(1000) if placement[bucket_for(f"h{i}", BUCKETS)] == "b")
+    due = (datetime.now(UTC) + timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+    status, _ = await nodes[0].request(
+        "POST", "/v1/schedules", json={"id": in_b, "topic": topic, "executeAt": due, "payload": 1}
+    )
+    assert status == 201
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        [record] = await reader.wait_for(1, within=40)
+    assert dict(record.headers)["schedule-id"] == in_b.encode()
+    sent = nodes[0].node.metrics.hints.labels("sent")._value.get()
+    assert sent >= 1
+
+
+async def test_idle_five_node_cluster_agrees_and_asks_the_store_little(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    nodes = await cluster(start_node, ["a", "b", "c", "d", "e"], lease_ttl="10")
+    await wait_until(lambda: settled_on(nodes, mongo), within=90, what="a settled 5-node split")
+    # Each bucket: exactly one owner, with an unexpired lease, by the server's clock.
+    expired = await mongo.buckets.count_documents(
+        {"$expr": {"$lt": [{"$toLong": "$expiresAt"}, {"$toLong": "$$NOW"}]}}
+    )
+    assert expired == 0
+    assert await mongo.buckets.count_documents({}) == BUCKETS
+
+    status = await mongo.client.admin.command("serverStatus")
+    before = sum(status["opcounters"].values())
+    started = asyncio.get_running_loop().time()
+    await asyncio.sleep(10)  # a measurement window, not a wait for a condition
+    status = await mongo.client.admin.command("serverStatus")
+    per_second = (sum(status["opcounters"].values()) - before - 1) / (
+        asyncio.get_running_loop().time() - started
+    )
+    print(f"idle 5-node cluster: {per_second:.1f} store operations/s in total")
+    # Not one query per bucket per tick: that would be 32 buckets x 5 nodes.
+    assert per_second < BUCKETS
+    assert await settled_on(nodes, mongo)
