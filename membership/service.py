@@ -115,18 +115,35 @@ class Membership:
         )
         self._task = asyncio.create_task(self._drive(), name=f"membership-{self.node_id}")
         if self.seeds:
-            self._join_task = asyncio.create_task(self._join_until_known())
+            self._join_task = asyncio.create_task(self._join_seeds())
 
-    async def _join_until_known(self) -> None:
-        """Join through the seeds; retry while no other member is known."""
-        while self.swim is not None and len(self.swim.members) <= 1 and not self.swim.leaving:
+    async def _join_seeds(self) -> None:
+        """Exchange state with every seed that is not yet a live member.
+
+        Fast (every ``REJOIN_INTERVAL``) while we know nobody, then at the
+        push-pull interval. Stopping once *some* member is known is not
+        enough: a seed that was not up yet when we joined, and has no seeds
+        of its own, would otherwise stay alone forever while the rest of the
+        cluster runs without it. With a DNS seed, this also finds new pods.
+        """
+        delay = REJOIN_INTERVAL
+        while self.swim is not None and not self.swim.leaving:
+            known = {
+                m.address
+                for m in self.swim.view()
+                if m.state in (State.ALIVE, State.SUSPECT) and m.id != self.node_id
+            }
             addresses = [
-                a for a in await resolve_seeds(self.seeds, self.bind[1]) if a != self.address
+                a
+                for a in await resolve_seeds(self.seeds, self.bind[1])
+                if a != self.address and a not in known
             ]
             if addresses:
                 self.swim.join(addresses, self.clock())
                 self._flush()
-            await asyncio.sleep(REJOIN_INTERVAL)
+            # Back off while seeds stay unreachable, to the push-pull pace.
+            delay = REJOIN_INTERVAL if not known else min(delay * 2, self.config.push_pull_interval)
+            await asyncio.sleep(delay)
 
     async def leave(self, grace: float) -> None:
         """Graceful leave: broadcast our Left, wait (at most ``grace`` s) for it to go out."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import AsyncIterator, Callable
 
@@ -10,6 +11,7 @@ import pytest
 from membership.config import FAST
 from membership.messages import Event, EventKind, State
 from membership.service import Membership, resolve_seeds
+from node.embedded import port_taken
 from tests.conftest import wait_until
 
 
@@ -110,3 +112,41 @@ async def test_garbage_on_the_socket_is_counted_not_raised(start) -> None:  # ty
     assert a.transport.dropped["version"] == 1
     assert a.handler_errors == 0
     assert states(a) == {"a": State.ALIVE}
+
+
+async def test_a_seed_that_came_up_late_is_found(start) -> None:  # type: ignore[no-untyped-def]
+    # b's only seed is a, which is not up yet; c joins through b. When a
+    # finally starts (with no seeds of its own), b must still reach it.
+    # Below the ephemeral range, so no outgoing connection borrows it meanwhile.
+    late_port = next(
+        p
+        for p in random.Random().sample(range(20_000, 30_000), 200)
+        if not port_taken("127.0.0.1", p, socket.SOCK_STREAM)
+        and not port_taken("127.0.0.1", p, socket.SOCK_DGRAM)
+    )
+    b = await start("b", seeds=[f"127.0.0.1:{late_port}"])
+    c = await start("c", seeds=[f"127.0.0.1:{b.transport.port}"])
+
+    async def b_and_c() -> bool:
+        return states(b).get("c") == State.ALIVE
+
+    await wait_until(b_and_c, what="c to join through b")
+    a = Membership(
+        "a",
+        bind=("127.0.0.1", late_port),
+        advertise_host="127.0.0.1",
+        config=FAST,
+    )
+    await a.start()
+    try:
+
+        async def one_cluster() -> bool:
+            return all(
+                set(states(m)) == {"a", "b", "c"}
+                and all(s == State.ALIVE for s in states(m).values())
+                for m in (a, b, c)
+            )
+
+        await wait_until(one_cluster, within=60, what="the late seed to join the others")
+    finally:
+        await a.stop()
