@@ -27,6 +27,9 @@ log = logging.getLogger("membership")
 Listener = Callable[[Event], None]
 # While no other member is known, try the seeds again this often.
 REJOIN_INTERVAL = 2.0
+# How long a node with seeds waits to hear from one before it concludes it
+# is the first member up.
+JOIN_PATIENCE = 5.0
 
 
 async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
@@ -81,6 +84,7 @@ class Membership:
         self._task: asyncio.Task[None] | None = None
         self._join_task: asyncio.Task[None] | None = None
         self.handler_errors = 0
+        self._started_at = 0.0
 
     # -- the node's side -----------------------------------------------------------
 
@@ -90,6 +94,19 @@ class Membership:
 
     def members(self) -> list[MemberView]:
         return self.swim.view() if self.swim is not None else []
+
+    @property
+    def joined(self) -> bool:
+        """True once we know another live member, or have no seeds to join
+        through (the first node), or the seeds stayed silent for a while
+        (``JOIN_PATIENCE``: we are the first of several starting)."""
+        if self.swim is None:
+            return False
+        if not self.seeds or any(
+            m.state == State.ALIVE and m.id != self.node_id for m in self.swim.view()
+        ):
+            return True
+        return self.clock() - self._started_at >= JOIN_PATIENCE
 
     @property
     def address(self) -> str:
@@ -113,6 +130,7 @@ class Membership:
             # most cases, and refutes its way up in the rest.
             incarnation=int(time.time()),
         )
+        self._started_at = self.clock()
         self._task = asyncio.create_task(self._drive(), name=f"membership-{self.node_id}")
         if self.seeds:
             self._join_task = asyncio.create_task(self._join_seeds())

@@ -61,15 +61,26 @@ class Transport:
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
+        """Bind UDP and TCP on one port. With port 0 the OS picks the UDP
+        port, and the same TCP port may be taken (an outgoing connection's
+        ephemeral port): then pick again."""
         loop = asyncio.get_running_loop()
-        udp, _ = await loop.create_datagram_endpoint(
-            lambda: _Datagrams(self), local_addr=(host, port), family=socket.AF_INET
-        )
-        self._udp = udp
-        self.port = udp.get_extra_info("sockname")[1]
-        self._tcp = await asyncio.start_server(
-            self._on_stream, host, self.port, reuse_address=True, family=socket.AF_INET
-        )
+        for attempt in range(1 if port else 20):
+            udp, _ = await loop.create_datagram_endpoint(
+                lambda: _Datagrams(self), local_addr=(host, port), family=socket.AF_INET
+            )
+            chosen = udp.get_extra_info("sockname")[1]
+            try:
+                self._tcp = await asyncio.start_server(
+                    self._on_stream, host, chosen, reuse_address=True, family=socket.AF_INET
+                )
+            except OSError:
+                udp.close()
+                if port or attempt == 19:
+                    raise
+                continue
+            self._udp, self.port = udp, chosen
+            return
 
     async def stop(self) -> None:
         if self._udp is not None:

@@ -49,6 +49,7 @@ class Ownership:
         metrics: NodeMetrics,
         *,
         alive_members: Callable[[], Iterable[str]],
+        joined: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_id = node_id
@@ -57,6 +58,7 @@ class Ownership:
         self.poller = poller
         self.metrics = metrics
         self.alive_members = alive_members
+        self.joined = joined
         self.monotonic = monotonic
         self.owners: tuple[str, ...] = ()
         self.wanted: frozenset[int] = frozenset()
@@ -106,6 +108,10 @@ class Ownership:
 
     async def step(self) -> float:
         """One round; returns how long to wait before the next."""
+        if not self.joined():
+            # SetPartitioner waits for membership to settle before it
+            # allocates: a node still joining would want every bucket.
+            return RETRY_INTERVAL
         if self._changed:
             self._changed = False
             self._replace()

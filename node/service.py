@@ -82,6 +82,7 @@ class Node:
             self.poller,
             self.metrics,
             alive_members=self._alive_members,
+            joined=lambda: self.membership is not None and self.membership.joined,
         )
         self.hints = WakeHints(config.node_id, self.metrics)
         self.state = "created"

@@ -1,0 +1,21 @@
+"""``python -m chaos rebalance [--full] [--out FILE]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from chaos import rebalance
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("rebalance", help="join, kill -9 and leave under load")
+    run.add_argument("--full", action="store_true", help="10,000 schedules over 60 s")
+    run.add_argument("--out", type=Path, default=None, help="write the report as JSON")
+    args = parser.parse_args()
+    return rebalance.main(args.full, args.out)
+
+
+raise SystemExit(main())
