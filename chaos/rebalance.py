@@ -25,6 +25,7 @@ from chaos.cluster import LocalCluster
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 10.0  # the node default
+POLL_INTERVAL = 1.0  # the node default
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,9 @@ def report(
         if len({(token, attempt) for token, attempt, _ in r}) < len(r)
     ]
     kill_at = load_started + timeline.get("kill", 0.0)
+    # From one poll interval before the kill (due work the killed node had
+    # not finished) until its leases have surely expired and been taken.
+    window_start = kill_at - POLL_INTERVAL
     window_end = kill_at + timeline.get("kill_detected_after", 0.0) + LEASE_TTL + 2.0
     outside: list[float] = []
     inside: list[float] = []
@@ -212,7 +216,7 @@ def report(
         if schedule_id not in by_id:
             continue
         late = max(0.0, min(at for _, _, at in by_id[schedule_id]) - execute_at.timestamp())
-        in_window = kill_at <= execute_at.timestamp() <= window_end
+        in_window = window_start <= execute_at.timestamp() <= window_end
         (inside if in_window else outside).append(late)
         if not in_window:
             worst.append((round(execute_at.timestamp() - load_started, 2), round(late, 3)))
@@ -278,9 +282,13 @@ def render(result: dict[str, Any]) -> str:
     )
 
 
-def main(full: bool, out: Path | None) -> int:
+def main(
+    full: bool, out: Path | None, schedules: int | None = None, seconds: float | None = None
+) -> int:
+    scale = FULL if full else CI
+    scale = Scale(schedules or scale.schedules, seconds or scale.seconds)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        result = asyncio.run(run(FULL if full else CI, Path(tmp)))
+        result = asyncio.run(run(scale, Path(tmp)))
     print(render(result))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
