@@ -16,8 +16,11 @@ def main() -> int:
     run.add_argument("--schedules", type=int, default=None, help="override the count")
     run.add_argument("--seconds", type=float, default=None, help="override the duration")
     run.add_argument("--out", type=Path, default=None, help="write the report as JSON")
+    run.add_argument(
+        "--keep", type=Path, default=None, help="keep node logs and data in this directory"
+    )
     args = parser.parse_args()
-    return rebalance.main(args.full, args.out, args.schedules, args.seconds)
+    return rebalance.main(args.full, args.out, args.schedules, args.seconds, args.keep)
 
 
 raise SystemExit(main())

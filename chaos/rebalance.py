@@ -283,12 +283,20 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(
-    full: bool, out: Path | None, schedules: int | None = None, seconds: float | None = None
+    full: bool,
+    out: Path | None,
+    schedules: int | None = None,
+    seconds: float | None = None,
+    keep: Path | None = None,
 ) -> int:
     scale = FULL if full else CI
     scale = Scale(schedules or scale.schedules, seconds or scale.seconds)
-    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        result = asyncio.run(run(scale, Path(tmp)))
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(run(scale, keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+            result = asyncio.run(run(scale, Path(tmp)))
     print(render(result))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

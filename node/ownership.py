@@ -160,11 +160,11 @@ class Ownership:
             )
 
     async def _release(self, buckets: set[int]) -> None:
-        # Withdraw first, so no new round includes them; let the round in
-        # flight finish under its valid lease; then hand them over.
+        # Withdraw first, so no new round includes them; let the work already
+        # claimed in them finish under its valid lease; then hand them over.
         self.leases.suspend(buckets)
         self.poller.leases_changed()
-        await self.poller.quiesce()
+        await self.poller.quiesce(buckets)
         released = await self.leases.release(buckets)
         log.info("released buckets to their new owners", buckets=len(released))
 

@@ -77,6 +77,8 @@ class BucketPoller:
         self._stopping = False
         self._idle = asyncio.Event()  # set between rounds
         self._idle.set()
+        # Buckets of the batch claimed and not yet completed in this round.
+        self._busy: set[int] = set()
 
     # -- signals from the rest of the node ---------------------------------------
 
@@ -93,10 +95,15 @@ class BucketPoller:
         self._stopping = True
         self._wake.set()
 
-    async def quiesce(self) -> None:
-        """Return once no round is in flight (a round started later sees
-        ``leases.usable()`` as it is then)."""
-        await self._idle.wait()
+    async def quiesce(self, buckets: set[int] | None = None) -> None:
+        """Return once no claimed work in ``buckets`` (default: any) is in flight.
+
+        A bucket with nothing claimed may go at once: a claim still on its
+        way finds its lease gone at the post-claim check and publishes
+        nothing, leaving the schedules for the next owner to recover.
+        """
+        if buckets is None or self._busy & buckets:
+            await self._idle.wait()
 
     # -- the loop -------------------------------------------------------------
 
@@ -174,6 +181,13 @@ class BucketPoller:
         now = self.wall()
         started = time.perf_counter()
         claimed = await self.store.claim(due, tokens, self.node_id, now)
+        self._busy = {c.bucket for c in claimed}
+        try:
+            await self._complete(claimed, started)
+        finally:
+            self._busy = set()
+
+    async def _complete(self, claimed: list[Claimed], started: float) -> None:
         self.metrics.store_seconds.labels("claim").observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(claimed))
         # The claim may have waited; publish nothing for a lease that could
@@ -181,7 +195,9 @@ class BucketPoller:
         live = [c for c in claimed if self.leases.is_usable(c.bucket, c.token)]
         if len(live) < len(claimed):
             self.metrics.deliveries.labels("abandoned").inc(len(claimed) - len(live))
-            log.warning("lease deadline passed mid-batch", abandoned=len(claimed) - len(live))
+            log.warning(
+                "lease gone mid-batch (expired or handed over)", abandoned=len(claimed) - len(live)
+            )
         if not live:
             return
         records = [build_record(c.doc, c.token, c.attempt) for c in live]
