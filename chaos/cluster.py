@@ -91,7 +91,7 @@ class LocalCluster:
             "--kafka-bootstrap", self.kafka_bootstrap,
             "--log-format", "console",
         ]  # fmt: skip
-        env = {**os.environ, "LOG_LEVEL": "info", **self.env}
+        env = {"LOG_LEVEL": "info", **os.environ, **self.env}
         node = NodeProcess(
             name, http_port, gossip_port, embedded.spawn(argv, log=self._logfile(name), env=env)
         )

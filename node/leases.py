@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from pymongo import UpdateOne
+from pymongo import UpdateMany, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
 
@@ -102,13 +102,12 @@ class LeaseManager:
             return []
         sent = self.monotonic()
         held = dict(self.held)
-        ops = [
-            UpdateOne(
-                {"_id": b, "owner": self.node_id, "token": lease.token}, self._expiry_pipeline()
-            )
-            for b, lease in held.items()
-        ]
-        result = await self.collection.bulk_write(ops, ordered=False)
+        # One update for all: owner is our unique node id, and only we set it,
+        # so it stands for (owner, token) here; the read below checks tokens
+        # whenever the count says something changed.
+        result = await self.collection.update_many(
+            {"_id": {"$in": sorted(held)}, "owner": self.node_id}, self._expiry_pipeline()
+        )
         kept = set(held)
         if result.matched_count != len(held):
             current = await self.collection.find(
@@ -130,9 +129,11 @@ class LeaseManager:
     async def acquire(self, wanted: Iterable[int]) -> list[int]:
         """Take every wanted bucket that is free, expired or already ours.
 
-        One aggregate finds the candidates by the server's clock, one bulk
-        write takes them (a duplicate-key error on the upsert means another
-        node won that bucket), one read learns the new tokens.
+        One aggregate finds the candidates by the server's clock; one bulk
+        write takes them: a single conditional update for buckets whose
+        document exists, an upsert each for buckets never leased before (a
+        duplicate-key error there means another node won it); one read
+        learns the new tokens.
         """
         self._drop_expired()
         want = set(wanted) - set(self.held)
@@ -146,28 +147,30 @@ class LeaseManager:
                 ]
             )
         ).to_list()
-        blocked = {d["_id"] for d in existing if not d["takeable"]}
-        candidates = sorted(want - blocked)
+        takeable = sorted(d["_id"] for d in existing if d["takeable"])
+        unseen = sorted(want - {d["_id"] for d in existing})
+        candidates = sorted([*takeable, *unseen])
         if not candidates:
             return []
         sent = self.monotonic()
-        ops = [
-            UpdateOne(
-                {"_id": b, "$expr": self._takeable_expr()},
-                [
-                    {
-                        "$set": {
-                            "owner": self.node_id,
-                            "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
-                            "expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]},
-                            "acquiredAt": "$$NOW",
-                        }
-                    }
-                ],
-                upsert=True,
-            )
-            for b in candidates
+        take = [
+            {
+                "$set": {
+                    "owner": self.node_id,
+                    "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
+                    "expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]},
+                    "acquiredAt": "$$NOW",
+                }
+            }
         ]
+        ops: list[UpdateMany | UpdateOne] = []
+        if takeable:
+            # The filter re-checks each bucket atomically: one taken since
+            # the aggregate is simply not matched.
+            ops.append(UpdateMany({"_id": {"$in": takeable}, "$expr": self._takeable_expr()}, take))
+        ops.extend(
+            UpdateOne({"_id": b, "$expr": self._takeable_expr()}, take, upsert=True) for b in unseen
+        )
         try:
             await self.collection.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
@@ -195,16 +198,13 @@ class LeaseManager:
         chosen = sorted(self.held if buckets is None else set(buckets) & set(self.held))
         if not chosen:
             return []
-        leases = [self.held.pop(b) for b in chosen]
+        for bucket in chosen:
+            self.held.pop(bucket)
         self.suspended.difference_update(chosen)
-        ops = [
-            UpdateOne(
-                {"_id": lease.bucket, "owner": self.node_id, "token": lease.token},
-                {"$set": {"owner": None, "expiresAt": EPOCH}},
-            )
-            for lease in leases
-        ]
-        await self.collection.bulk_write(ops, ordered=False)
+        await self.collection.update_many(
+            {"_id": {"$in": chosen}, "owner": self.node_id},
+            {"$set": {"owner": None, "expiresAt": EPOCH}},
+        )
         log.info("leases released", buckets=len(chosen))
         return chosen
 

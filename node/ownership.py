@@ -127,7 +127,14 @@ class Ownership:
                 self.poller.leases_changed()
         missing = self.wanted - set(self.leases.held)
         if missing:
+            began = self.monotonic()
             gained = await self.leases.acquire(missing)
+            log.debug(
+                "acquire round",
+                missing=len(missing),
+                gained=len(gained),
+                seconds=round(self.monotonic() - began, 3),
+            )
             if gained:
                 self.metrics.lease_acquisitions.inc(len(gained))
                 self.poller.leases_changed()
