@@ -27,19 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.stats import percentile
 from membership.config import LAN, PRESETS, SwimConfig
 from membership.messages import EventKind, State
 from membership.simulator import Simulator
 
 WARMUP = 10.0
 STEADY = 30.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def spread(values: list[float]) -> dict[str, float]:

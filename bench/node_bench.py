@@ -32,6 +32,7 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer
 from pymongo import AsyncMongoClient
 
+from chaos.stats import percentile
 from node import embedded
 from node.schedules import Limits, parse_new_schedule
 from node.store import ScheduleStore
@@ -52,14 +53,6 @@ class Sizes:
 
 FULL = Sizes(ingest=4000, burst=10_000, spread=1000, spread_seconds=20)
 QUICK = Sizes(ingest=500, burst=1000, spread=200, spread_seconds=5)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def summary(values: list[float]) -> dict[str, float]:

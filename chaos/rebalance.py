@@ -22,6 +22,7 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer
 
 from chaos.cluster import LocalCluster
+from chaos.stats import percentile
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 10.0  # the node default
@@ -36,13 +37,6 @@ class Scale:
 
 CI = Scale(2000, 30.0)
 FULL = Scale(10_000, 60.0)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def iso(when: datetime) -> str:
