@@ -35,9 +35,6 @@ class BroadcastQueue:
         self._order += 1
         self._entries[update.member] = _Entry(update, message_size(update), 0, self._order)
 
-    def pending(self) -> list[Update]:
-        return [e.update for e in self._entries.values()]
-
     def take(self, budget: int, limit: int, *, skip: str | None = None) -> list[Update]:
         """Updates that fit in ``budget`` bytes; each counts as one transmit."""
         chosen: list[Update] = []

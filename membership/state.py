@@ -332,10 +332,8 @@ class Swim:
             if update.incarnation >= self.incarnation:
                 self._refute(update.incarnation, now)
             return
-        member = self.members.get(update.member)
-        if member is None or update.incarnation < member.incarnation:
-            return
-        if member.state in (State.DEAD, State.LEFT):
+        member = self._buryable(update.member, update.incarnation)
+        if member is None:
             return
         if member.state == State.SUSPECT and update.incarnation == member.incarnation:
             suspicion = self._suspicions.get(member.id)
@@ -353,6 +351,16 @@ class Swim:
         self._emit(EventKind.SUSPECT, member, now)
         self._queue.push(update)
 
+    def _buryable(self, member_id: str, incarnation: int) -> _Member | None:
+        """The member a Suspect or Dead at ``incarnation`` may apply to:
+        known, not newer than the news, and not already dead or gone."""
+        member = self.members.get(member_id)
+        if member is None or incarnation < member.incarnation:
+            return None
+        if member.state in (State.DEAD, State.LEFT):
+            return None
+        return member
+
     def _apply_dead(self, update: Dead, now: float) -> None:
         if update.member == self.id:
             # Our own Dead too, unless we are leaving: it is from a previous
@@ -360,10 +368,8 @@ class Swim:
             if update.incarnation >= self.incarnation:
                 self._refute(update.incarnation, now)
             return
-        member = self.members.get(update.member)
-        if member is None or update.incarnation < member.incarnation:
-            return
-        if member.state in (State.DEAD, State.LEFT):
+        member = self._buryable(update.member, update.incarnation)
+        if member is None:
             return
         left = update.source == update.member
         member.incarnation = update.incarnation

@@ -36,13 +36,3 @@ class ValidationFailed(ApiError):
 
 class BucketCountMismatch(SchedulerError):
     """The database was created with another bucket count; refusing to start."""
-
-
-class StoreUnavailable(SchedulerError):
-    """MongoDB did not answer; the operation may succeed later."""
-
-    retriable = True
-
-
-class LeaseLost(SchedulerError):
-    """This node no longer owns a bucket: stop work on it now. Never retried."""

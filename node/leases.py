@@ -67,7 +67,6 @@ class LeaseManager:
         self.held: dict[int, Lease] = {}
         # Held but withdrawn from new work: about to be released.
         self.suspended: set[int] = set()
-        self.acquisitions = 0
         self.losses = 0
 
     @property
@@ -185,7 +184,6 @@ class LeaseManager:
             bucket = int(doc["_id"])
             self.held[bucket] = Lease(bucket, int(doc["token"]), sent + self.ttl - self.margin)
             gained.append(bucket)
-        self.acquisitions += len(gained)
         if gained:
             log.info("leases acquired", buckets=len(gained), held=len(self.held))
         return sorted(gained)
