@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer
 from pymongo import AsyncMongoClient
 
 from chaos.stats import percentile
 from node import embedded
 from node.schedules import Limits, parse_new_schedule
 from node.store import ScheduleStore
+from node.tail import topic_consumer
 
 HOST = "127.0.0.1"
 BUCKETS = 256
@@ -200,13 +200,7 @@ async def ingest(url: str, sizes: Sizes, topic: str) -> dict[str, Any]:
 
 
 async def consume(bootstrap: str, topic: str, count: int, within: float) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        metadata_max_age_ms=500,
-    )
+    consumer = topic_consumer(bootstrap, topic)
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + within

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer
 
 from chaos.cluster import LocalCluster
 from chaos.stats import percentile
+from node.tail import topic_consumer
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 10.0  # the node default
@@ -47,13 +47,7 @@ class Recorder:
     """Every record of the topic, from the beginning."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            metadata_max_age_ms=500,
-        )
+        self.consumer = topic_consumer(bootstrap, topic)
         self.records: list[tuple[str, int, int, float]] = []  # id, token, attempt, at
         self._task: asyncio.Task[None] | None = None
 

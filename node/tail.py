@@ -38,6 +38,20 @@ def render(record: Any) -> str:
     )
 
 
+def topic_consumer(bootstrap: str, topic: str, *, from_beginning: bool = True) -> AIOKafkaConsumer:
+    """A reader of one topic outside any consumer group, from its oldest
+    record (or the next one), for the tail command, tests, benches and chaos."""
+    return AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        enable_auto_commit=False,
+        group_id=None,
+        # A topic created after we subscribed is seen within half a second.
+        metadata_max_age_ms=500,
+    )
+
+
 async def tail(
     topic: str,
     bootstrap: str,
@@ -47,15 +61,7 @@ async def tail(
     idle_timeout: float | None,
     out: IO[str] = sys.stdout,
 ) -> int:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest" if from_beginning else "latest",
-        enable_auto_commit=False,
-        group_id=None,
-        # A topic created after we subscribed is seen within a second.
-        metadata_max_age_ms=1000,
-    )
+    consumer = topic_consumer(bootstrap, topic, from_beginning=from_beginning)
     await consumer.start()
     seen = 0
     loop = asyncio.get_running_loop()

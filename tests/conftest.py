@@ -15,12 +15,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaConsumer
 from pymongo import AsyncMongoClient
 
 from node import config as node_config
 from node import embedded
 from node.service import Node
+from node.tail import topic_consumer
 
 HOST = "127.0.0.1"
 _names = itertools.count()
@@ -169,15 +169,7 @@ class TopicReader:
     """Collects every record of a topic from the beginning."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            group_id=None,
-            # A topic created after we subscribed is seen within a second.
-            metadata_max_age_ms=500,
-        )
+        self.consumer = topic_consumer(bootstrap, topic)
         self.records: list[Any] = []
 
     async def __aenter__(self) -> TopicReader:
