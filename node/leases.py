@@ -110,7 +110,7 @@ class LeaseManager:
         kept = set(held)
         if result.matched_count != len(held):
             current = await self.collection.find(
-                {"_id": {"$in": list(held)}}, {"owner": 1, "token": 1}
+                {"_id": {"$in": list(held)}}, {"owner": 1, "token": 1}, batch_size=len(held)
             ).to_list()
             kept = {
                 d["_id"]
@@ -143,7 +143,8 @@ class LeaseManager:
                 [
                     {"$match": {"_id": {"$in": sorted(want)}}},
                     {"$project": {"_id": 1, "takeable": self._takeable_expr()}},
-                ]
+                ],
+                batchSize=len(want),
             )
         ).to_list()
         takeable = sorted(d["_id"] for d in existing if d["takeable"])
@@ -177,7 +178,9 @@ class LeaseManager:
             if others:
                 raise
         won = await self.collection.find(
-            {"_id": {"$in": candidates}, "owner": self.node_id}, {"token": 1}
+            {"_id": {"$in": candidates}, "owner": self.node_id},
+            {"token": 1},
+            batch_size=len(candidates),
         ).to_list()
         gained = []
         for doc in won:

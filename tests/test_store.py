@@ -18,11 +18,26 @@ async def test_prepare_is_idempotent_and_creates_the_indexes(mongo: Any) -> None
     await store.prepare(datetime.now(UTC))
     await store.prepare(datetime.now(UTC))
     indexes = await mongo.schedules.index_information()
-    assert indexes["due"]["key"] == [("status", 1), ("dueAt", 1)]
-    assert indexes["due_by_bucket"]["key"] == [("bucket", 1), ("status", 1), ("dueAt", 1)]
-    assert indexes["by_tenant"]["key"] == [("tenant", 1), ("status", 1), ("_id", 1)]
+    assert indexes["due_pending"]["key"] == [("dueAt", 1)]
+    assert indexes["due_pending"]["partialFilterExpression"] == {"status": "PENDING"}
+    assert indexes["due_pending_by_bucket"]["key"] == [("bucket", 1), ("dueAt", 1)]
+    assert indexes["due_pending_by_bucket"]["partialFilterExpression"] == {"status": "PENDING"}
+    assert indexes["in_flight"]["partialFilterExpression"] == {"status": "IN_FLIGHT"}
+    assert indexes["by_tenant_id"]["key"] == [("tenant", 1), ("_id", 1)]
     assert await mongo.cluster.count_documents({}) == 1
     assert (await mongo.cluster.find_one({}))["buckets"] == 64
+
+
+async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> None:
+    # Full indexes on status, as version 1 of the store created them.
+    await mongo.schedules.create_index([("status", 1), ("dueAt", 1)], name="due")
+    await mongo.schedules.create_index(
+        [("bucket", 1), ("status", 1), ("dueAt", 1)], name="due_by_bucket"
+    )
+    await mongo.schedules.create_index([("tenant", 1), ("status", 1), ("_id", 1)], name="by_tenant")
+    await ScheduleStore(mongo, 64).prepare(datetime.now(UTC))
+    indexes = set(await mongo.schedules.index_information())
+    assert indexes == {"_id_", "due_pending", "due_pending_by_bucket", "in_flight", "by_tenant_id"}
 
 
 async def test_a_node_with_another_bucket_count_refuses_to_start(
