@@ -251,6 +251,17 @@ SETTINGS: tuple[Setting, ...] = (
         help="longest sleep of the delivery loop when nothing is known to be due",
     ),
     Setting(
+        attr="batch_linger",
+        env="BATCH_LINGER",
+        flag="--batch-linger",
+        default="0.05",
+        parse=_parse_seconds(0, 1),
+        # Kafka's linger.ms for the store: every round costs three round
+        # trips however few schedules it carries, so schedules falling due
+        # close together share one round. Adds at most this to lateness.
+        help="shortest time between two delivery rounds of a node, in seconds",
+    ),
+    Setting(
         attr="batch_size",
         env="BATCH_SIZE",
         flag="--batch-size",
@@ -340,6 +351,7 @@ class NodeConfig:
     buckets: int
     lease_ttl: float
     poll_interval: float
+    batch_linger: float
     batch_size: int
     max_payload_bytes: int
     horizon: float

@@ -67,6 +67,7 @@ class Node:
             node_id=config.node_id,
             batch_size=config.batch_size,
             poll_interval=config.poll_interval,
+            batch_linger=config.batch_linger,
             retry_policy=RetryPolicy(
                 max_attempts=config.max_attempts,
                 backoff=timedelta(seconds=config.retry_backoff),
