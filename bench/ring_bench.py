@@ -63,6 +63,19 @@ def render(rows: list[dict[str, Any]], bucket_count: int) -> str:
         f"{sum(r['bounded']['join_moved'] * (r['members'] + 1) > 1.5 for r in upto32)} "
         f"of {len(upto32)}"
     )
+    for label, subset in (("N <= 32", upto32), (f"N <= {rows[-1]['members']}", rows)):
+        worst = {
+            name: (
+                max(r[name]["join_moved"] * (r["members"] + 1) for r in subset),
+                max(r[name]["leave_moved"] * r["members"] for r in subset),
+            )
+            for name in ("ketama", "bounded")
+        }
+        lines.append(
+            f"{label}: worst join x / leave x: ketama {worst['ketama'][0]:.2f} / "
+            f"{worst['ketama'][1]:.2f}, bounded {worst['bounded'][0]:.2f} / "
+            f"{worst['bounded'][1]:.2f}"
+        )
     return "\n".join(lines)
 
 
