@@ -73,6 +73,11 @@ INDEXES = [
 SUPERSEDED_INDEXES = ("due", "due_by_bucket", "by_tenant")
 # Largest page of the due window read in one round trip.
 MAX_WINDOW_PAGE = 5000
+# Ids per claim or mark statement. The embedded server matches "$in" by
+# scanning the list for every candidate, so one statement costs the square of
+# its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
+# 20 (measured); a real MongoDB does not care either way.
+IDS_PER_STATEMENT = 20
 
 
 @dataclass(frozen=True)
@@ -290,16 +295,16 @@ class ScheduleStore:
         token has written it. Usually every one matches; when some do not
         (cancelled, or taken by a newer owner) a second read finds which.
         """
-        # One statement per token value, not per bucket: a schedule's bucket
-        # follows from its id, so "these ids, token <= T" fences each of them
-        # by its own bucket's token, and a batch spread over a hundred
-        # buckets costs a few statements instead of a hundred.
+        # Grouped by token value, not by bucket: a schedule's bucket follows
+        # from its id, so "these ids, token <= T" fences each of them by its
+        # own bucket's token, and a batch spread over a hundred buckets costs
+        # a statement per IDS_PER_STATEMENT schedules instead of a hundred.
         by_token: dict[int, list[str]] = defaultdict(list)
         for doc in docs:
             by_token[tokens[doc["bucket"]]].append(doc["_id"])
         ops = [
             UpdateMany(
-                {"_id": {"$in": ids}, "status": Status.PENDING.value, "token": {"$lte": token}},
+                {"_id": {"$in": chunk}, "status": Status.PENDING.value, "token": {"$lte": token}},
                 {
                     "$set": {
                         "status": Status.IN_FLIGHT.value,
@@ -311,6 +316,7 @@ class ScheduleStore:
                 },
             )
             for token, ids in by_token.items()
+            for chunk in _chunks(ids)
         ]
         if not ops:
             return []
@@ -327,15 +333,16 @@ class ScheduleStore:
 
     async def mark_delivered(self, delivered: Sequence[Claimed], now: datetime) -> int:
         """IN_FLIGHT -> DELIVERED, only where this token still holds it."""
-        by_token: dict[int, list[str]] = defaultdict(list)  # as in claim: few statements
+        by_token: dict[int, list[str]] = defaultdict(list)  # grouped as in claim
         for item in delivered:
             by_token[item.token].append(item.id)
         ops = [
             UpdateMany(
-                {"_id": {"$in": ids}, "status": Status.IN_FLIGHT.value, "token": token},
+                {"_id": {"$in": chunk}, "status": Status.IN_FLIGHT.value, "token": token},
                 {"$set": {"status": Status.DELIVERED.value, "deliveredAt": now, "lastError": None}},
             )
             for token, ids in by_token.items()
+            for chunk in _chunks(ids)
         ]
         if not ops:
             return 0
@@ -402,6 +409,10 @@ class ScheduleStore:
         ]
         await self.schedules.bulk_write(ops, ordered=False)
         return [str(s["_id"]) for s in stale]
+
+
+def _chunks(ids: list[str]) -> list[list[str]]:
+    return [ids[i : i + IDS_PER_STATEMENT] for i in range(0, len(ids), IDS_PER_STATEMENT)]
 
 
 def utcnow() -> datetime:
