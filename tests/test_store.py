@@ -10,6 +10,7 @@ import pytest
 from node.errors import BucketCountMismatch
 from node.service import Node
 from node.store import ScheduleStore
+from ring import bucket_for
 from tests.conftest import EmbeddedServers, make_config
 
 
@@ -55,3 +56,38 @@ async def test_a_node_with_another_bucket_count_refuses_to_start(
     assert "created with 16 buckets" in message
     assert other.http_port is None  # nothing was started
     await other.client.close()
+
+
+async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(mongo: Any) -> None:
+    store = ScheduleStore(mongo, 16)
+    await store.prepare(datetime.now(UTC))
+    now = datetime.now(UTC).replace(microsecond=0)
+    ids = [f"fence-{i}" for i in range(90)]  # more than one statement's worth per token
+    docs = [
+        {"_id": i, "bucket": bucket_for(i, 16), "status": "PENDING", "token": 0, "dueAt": now}
+        for i in ids
+    ]
+    await mongo.schedules.insert_many(docs)
+    # Three distinct token values across the buckets, as after a few rebalances.
+    tokens = {bucket: 5 + bucket % 3 for bucket in range(16)}
+    # A newer owner of one bucket already wrote its schedules: not ours to claim.
+    taken = docs[0]["bucket"]
+    await mongo.schedules.update_many({"bucket": taken}, {"$set": {"token": tokens[taken] + 1}})
+
+    claimed = await store.claim(docs, tokens, "me", now)
+
+    assert {c.id for c in claimed} == {d["_id"] for d in docs if d["bucket"] != taken}
+    for stored in await mongo.schedules.find({"_id": {"$in": ids}}).to_list():
+        if stored["bucket"] == taken:
+            assert (stored["status"], stored["token"]) == ("PENDING", tokens[taken] + 1)
+        else:
+            assert (stored["status"], stored["token"]) == ("IN_FLIGHT", tokens[stored["bucket"]])
+
+    # Another bucket changes owner while we publish: our mark must not land there.
+    moved = next(c.bucket for c in claimed)
+    await mongo.schedules.update_many({"bucket": moved}, {"$set": {"token": tokens[moved] + 1}})
+    marked = await store.mark_delivered(claimed, now)
+    assert marked == sum(1 for c in claimed if c.bucket != moved)
+    assert await mongo.schedules.count_documents({"bucket": moved, "status": "IN_FLIGHT"}) == sum(
+        1 for c in claimed if c.bucket == moved
+    )
