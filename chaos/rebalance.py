@@ -13,6 +13,7 @@ import json
 import random
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -82,6 +83,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
     timeline: dict[str, float] = {}
     accepted: dict[str, datetime] = {}
     refused = 0
+    refusals: Counter[str] = Counter()  # the last answer of each refused schedule
     try:
         cluster.start_servers()
         for name in ("node-1", "node-2", "node-3"):
@@ -106,6 +108,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
             schedule_id = f"s{i}"
             body = {"id": schedule_id, "topic": topic, "executeAt": iso(execute_at), "payload": i}
             async with limit:
+                last = ""
                 for _ in range(6):
                     live = [n for n in cluster.nodes.values() if n.alive and n.name not in down]
                     node = rng.choice(live)
@@ -116,10 +119,12 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
                                     microsecond=execute_at.microsecond // 1000 * 1000
                                 )
                                 return
-                    except (aiohttp.ClientError, TimeoutError, OSError):
-                        pass
+                            last = f"{node.name}: HTTP {r.status} {(await r.text())[:200]}"
+                    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                        last = f"{node.name}: {type(exc).__name__} {exc}"[:200]
                     await asyncio.sleep(0.1)
                 refused += 1
+                refusals[last] += 1
 
         async def load() -> None:
             started = time.monotonic()
@@ -167,7 +172,9 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
         await _until(all_delivered, 120, "every accepted schedule to be delivered", strict=False)
         await asyncio.sleep(2)  # late duplicates, if any, arrive too
         await recorder.stop()
-        return report(scale, accepted, recorder.records, timeline, load_started, refused)
+        result = report(scale, accepted, recorder.records, timeline, load_started, refused)
+        result["refusals"] = dict(refusals.most_common(10))
+        return result
     finally:
         cluster.close()
 
@@ -266,6 +273,10 @@ def render(result: dict[str, Any]) -> str:
             f"p99 {out['p99'] * 1000:.0f} ms, max {out['max'] * 1000:.0f} ms ({out['count']})",
             f"lateness inside it: p99 {win['p99']:.1f} s, max {win['max']:.1f} s "
             f"(detection + lease TTL = {win['bound']:.1f} s; {win['count']} schedules)",
+            *(
+                f"refused after 6 tries ({count}): {reason}"
+                for reason, count in result.get("refusals", {}).items()
+            ),
         ]
     )
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 async def test_join_kill_and_leave_under_load_lose_nothing(tmp_path: Path) -> None:
     result = await run(CI, tmp_path)
-    assert result["accepted"] == CI.schedules
+    assert result["accepted"] == CI.schedules, result["refusals"]
     assert result["lost"] == 0, result["lost_ids"]
     # Repeats only for work in flight at the kill, each under a newer token.
     assert result["duplicates_unexplained"] == 0
