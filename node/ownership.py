@@ -1,7 +1,8 @@
 """Rebalancing: from the membership view to the bucket leases this node holds.
 
 Every node places the ALIVE members of its own view on the bounded
-rendezvous placement (``ring.bounded``) and wants the buckets that land on
+rendezvous placement (``ring.bounded``, or the oldest version any member
+still runs: ``ring/versions.py``) and wants the buckets that land on
 itself. Views differ for a moment during joins, crashes and partitions, so
 two nodes may want the same bucket; the lease decides, and the fencing token
 makes the overlap harmless.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 import structlog
 from pymongo.errors import PyMongoError
@@ -32,7 +33,7 @@ from pymongo.errors import PyMongoError
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
 from node.poller import BucketPoller
-from ring import bounded, owned_by
+from ring import PLACEMENT_VERSION, in_use, owned_by, place
 
 log = structlog.get_logger("node.ownership")
 
@@ -48,7 +49,8 @@ class Ownership:
         poller: BucketPoller,
         metrics: NodeMetrics,
         *,
-        alive_members: Callable[[], Iterable[str]],
+        # member id -> the newest placement version it runs (ring/versions.py)
+        alive_members: Callable[[], Mapping[str, int]],
         joined: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -62,7 +64,8 @@ class Ownership:
         self.monotonic = monotonic
         self.owners: tuple[str, ...] = ()
         self.wanted: frozenset[int] = frozenset()
-        self._view: tuple[str, ...] = ()
+        self._view: tuple[tuple[str, int], ...] = ()
+        self.placement_version = PLACEMENT_VERSION
         self._changed = True
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -147,11 +150,13 @@ class Ownership:
         return RETRY_INTERVAL if missing else max(0.0, self._next_renew - self.monotonic())
 
     def _replace(self) -> None:
-        view = tuple(sorted(set(self.alive_members()) | {self.node_id}))
+        members = {**self.alive_members(), self.node_id: PLACEMENT_VERSION}
+        view = tuple(sorted(members.items()))
         if view == self._view:
             return
         self._view = view
-        self.owners = bounded(view, self.bucket_count)
+        self.placement_version = in_use(members)
+        self.owners = place(members, self.bucket_count)
         wanted = owned_by(self.owners, self.node_id)
         if wanted != self.wanted:
             gained, lost = wanted - self.wanted, self.wanted - wanted
@@ -161,6 +166,7 @@ class Ownership:
             log.info(
                 "placement changed",
                 members=len(view),
+                placement_version=self.placement_version,
                 wanted=len(wanted),
                 gained=len(gained),
                 lost=len(lost),

@@ -36,6 +36,7 @@ from node.ownership import Ownership
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
 from node.store import RetryPolicy, ScheduleStore, utcnow
+from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.service")
 
@@ -132,17 +133,26 @@ class Node:
             seeds=config.seeds,
             keys=config.cluster_keys,
             # Other nodes reach our API here (wake-up hints, the cluster page).
-            meta={"http": f"{config.advertise_host}:{self.http_port}"},
+            # and which bucket placement we run, so all use the oldest one.
+            meta={
+                "http": f"{config.advertise_host}:{self.http_port}",
+                "placement": str(PLACEMENT_VERSION),
+            },
         )
         self.membership.subscribe(self._on_membership_event)
         self.metrics.watch_membership(self.membership)
         await self.membership.start()
         log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
 
-    def _alive_members(self) -> list[str]:
+    def _alive_members(self) -> dict[str, int]:
+        """Alive member -> the placement version it advertises."""
         if self.membership is None:
-            return [self.config.node_id]
-        return [m.id for m in self.membership.members() if m.state == State.ALIVE]
+            return {self.config.node_id: PLACEMENT_VERSION}
+        return {
+            m.id: parse_version(dict(m.meta).get("placement"))
+            for m in self.membership.members()
+            if m.state == State.ALIVE
+        }
 
     def _on_membership_event(self, event: MembershipEvent) -> None:
         self.ownership.view_changed()
@@ -269,6 +279,7 @@ class Node:
                     "state": m.state.label,
                     "incarnation": m.incarnation,
                     "http": dict(m.meta).get("http"),
+                    "placementVersion": parse_version(dict(m.meta).get("placement")),
                 }
                 for m in (self.membership.members() if self.membership else [])
             ],
@@ -277,6 +288,7 @@ class Node:
                 "held": len(self.leases.usable()),
                 "wanted": len(self.ownership.wanted),
                 "settled": self.ownership.settled,
+                "placementVersion": self.ownership.placement_version,
                 "owners": [
                     {
                         "bucket": d["_id"],

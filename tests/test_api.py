@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ring import PLACEMENT_VERSION
 from tests.conftest import NodeFactory, NodeHandle, wait_until
 
 FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
@@ -208,6 +209,9 @@ async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
     assert me["http"] == f"127.0.0.1:{api.node.http_port}"
     assert me["address"] == api.node.membership.address
     assert isinstance(me["incarnation"], int)
+    # It advertises the placement it runs, and uses it (no older member).
+    assert me["placementVersion"] == PLACEMENT_VERSION
+    assert cluster["buckets"]["placementVersion"] == PLACEMENT_VERSION
     assert cluster["buckets"]["count"] == 16
     owners = cluster["buckets"]["owners"]
     assert [o["bucket"] for o in owners] == list(range(16))
