@@ -98,6 +98,9 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
         recorder = Recorder(cluster.kafka_bootstrap, topic)
         await recorder.start()
         down: set[str] = set()
+        # Like a load balancer, send only to nodes whose /readyz said yes: a
+        # node process that is starting does not listen yet.
+        ready = {"node-1", "node-2", "node-3"}
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         limit = asyncio.Semaphore(64)
 
@@ -110,7 +113,11 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
             async with limit:
                 last = ""
                 for _ in range(6):
-                    live = [n for n in cluster.nodes.values() if n.alive and n.name not in down]
+                    live = [
+                        n
+                        for n in cluster.nodes.values()
+                        if n.alive and n.name in ready and n.name not in down
+                    ]
                     node = rng.choice(live)
                     try:
                         async with session.post(node.url + "/v1/schedules", json=body) as r:
@@ -141,6 +148,13 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
             await asyncio.sleep(0.2 * scale.seconds)
             timeline["join"] = time.time() - start
             cluster.start_node("node-4")
+
+            async def serve_when_ready() -> None:
+                await asyncio.to_thread(cluster.wait_ready, "node-4")
+                ready.add("node-4")
+                timeline["join_ready"] = time.time() - start
+
+            readiness = asyncio.create_task(serve_when_ready())
             await asyncio.sleep(0.25 * scale.seconds)
             down.add("node-2")
             timeline["kill"] = time.time() - start
@@ -161,6 +175,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
             timeline["leave"] = time.time() - start
             await asyncio.to_thread(cluster.stop_node, "node-3")
             timeline["leave_done"] = time.time() - start
+            await readiness
 
         load_started = time.time()
         await asyncio.gather(load(), faults())
