@@ -1,16 +1,26 @@
-"""``python -m chaos rebalance [--full] [--out FILE]``."""
+"""``python -m chaos list | run SCENARIO | rebalance``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from chaos import rebalance
+from chaos import rebalance, runner, scenario
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the shipped scenarios")
+    play = commands.add_parser("run", help="play a scenario under load and check it")
+    play.add_argument("scenario", help="a name from `list`, or a path to a JSON file")
+    play.add_argument("--seed", type=int, default=1, help="picks targets and load (default 1)")
+    play.add_argument("--nodes", type=int, default=None, help="override the starting nodes")
+    play.add_argument("--duration", type=float, default=None, help="seconds; faults scale along")
+    play.add_argument("--rate", type=float, default=None, help="schedules per second")
+    play.add_argument("--out", type=Path, default=None, help="write summary.json in this directory")
+    play.add_argument("--keep", type=Path, default=None, help="keep node logs and data here")
     run = commands.add_parser("rebalance", help="join, kill -9 and leave under load")
     run.add_argument("--full", action="store_true", help="10,000 schedules over 60 s")
     run.add_argument("--schedules", type=int, default=None, help="override the count")
@@ -20,6 +30,19 @@ def main() -> int:
         "--keep", type=Path, default=None, help="keep node logs and data in this directory"
     )
     args = parser.parse_args()
+    if args.command == "list":
+        for name, path in scenario.available().items():
+            print(f"{name:<18} {scenario.load(str(path)).description}")
+        return 0
+    if args.command == "run":
+        try:
+            chosen = scenario.load(args.scenario).scaled(
+                nodes=args.nodes, duration=args.duration, rate=args.rate
+            )
+        except scenario.ScenarioError as exc:
+            print(f"chaos: {exc}", file=sys.stderr)
+            return 2
+        return runner.main(chosen, args.seed, args.out, args.keep)
     return rebalance.main(args.full, args.out, args.schedules, args.seconds, args.keep)
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -114,10 +115,10 @@ class LocalCluster:
         view: dict[str, Any] = get_json(self.nodes[name].url + "/v1/cluster")
         return view
 
-    def settled(self) -> bool:
-        """Every live node sees the same alive members, and every bucket is
-        held by the member those views place it on."""
-        live = [n for n in self.nodes.values() if n.alive]
+    def settled(self, exclude: Collection[str] = ()) -> bool:
+        """Every live node (but ``exclude``: paused ones) sees the same alive
+        members, and every bucket is held by the member those views place it on."""
+        live = [n for n in self.nodes.values() if n.alive and n.name not in exclude]
         try:
             views = [get_json(n.url + "/v1/cluster") for n in live]
         except (OSError, ValueError):
@@ -155,12 +156,21 @@ class LocalCluster:
         self.nodes[name].process.send_signal(signal.SIGKILL)
         self.nodes[name].process.wait()
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP: the process keeps its sockets and leases but runs nothing,
+        like a long GC pause or a frozen VM (the zombie owner)."""
+        self.nodes[name].process.send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.nodes[name].process.send_signal(signal.SIGCONT)
+
     def stop_node(self, name: str, grace: float = 30) -> int:
         return embedded.stop(self.nodes[name].process, timeout=grace)
 
     def close(self) -> None:
         for node in self.nodes.values():
             if node.alive:
+                node.process.send_signal(signal.SIGCONT)  # a paused one cannot stop
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             embedded.stop(node.process, timeout=15)

@@ -1,0 +1,111 @@
+"""The invariants of a chaos run, judged from what the load generator was
+told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
+
+* lost: accepted, not cancelled, never delivered;
+* early: delivered before its executeAt;
+* cancelled but delivered: a DELETE that answered 200 and a record anyway;
+* duplicates: delivered more than once; each must be explained by a change
+  of fencing token (a new owner took over) or a later attempt of the same
+  owner, never by two copies under one (token, attempt): that would be two
+  owners claiming with one token, which the fence exists to prevent;
+* lateness (first delivery - executeAt) overall and inside each fault's
+  window, from the fault to the end of its recovery allowance.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.stats import percentile
+
+# Record timestamps are milliseconds, taken on the publishing node's clock
+# (the same host here): anything sooner than this before executeAt is early.
+EARLY_TOLERANCE = 0.002
+
+
+@dataclass(frozen=True)
+class Delivery:
+    schedule_id: str
+    token: int
+    attempt: int
+    at: float  # epoch seconds (the Kafka record timestamp)
+
+
+@dataclass(frozen=True)
+class Window:
+    label: str
+    start: float  # epoch seconds
+    end: float
+
+
+def check(
+    accepted: Mapping[str, float],
+    cancelled: set[str],
+    deliveries: Sequence[Delivery],
+    windows: Sequence[Window] = (),
+) -> dict[str, Any]:
+    """``accepted``: schedule id -> executeAt (epoch seconds)."""
+    by_id: dict[str, list[Delivery]] = defaultdict(list)
+    for delivery in deliveries:
+        by_id[delivery.schedule_id].append(delivery)
+    lost = sorted(set(accepted) - cancelled - set(by_id))
+    cancelled_delivered = sorted(cancelled & set(by_id))
+    duplicates = {i: d for i, d in by_id.items() if len(d) > 1}
+    same_claim = sorted(
+        i for i, d in duplicates.items() if len({(x.token, x.attempt) for x in d}) < len(d)
+    )
+    lateness: list[tuple[float, float]] = []  # (executeAt, lateness)
+    early: list[str] = []
+    for schedule_id, execute_at in accepted.items():
+        if schedule_id in by_id:
+            first = min(d.at for d in by_id[schedule_id])
+            if first < execute_at - EARLY_TOLERANCE:
+                early.append(schedule_id)
+            lateness.append((execute_at, max(0.0, first - execute_at)))
+    outside = [late for due, late in lateness if not any(w.start <= due <= w.end for w in windows)]
+    return {
+        "accepted": len(accepted),
+        "cancelled": len(cancelled),
+        "delivered": len(by_id),
+        "lost": len(lost),
+        "lost_ids": lost[:20],
+        "cancelled_delivered": len(cancelled_delivered),
+        "cancelled_delivered_ids": cancelled_delivered[:20],
+        "early": len(early),
+        "early_ids": sorted(early)[:20],
+        "duplicates": len(duplicates),
+        "duplicates_same_claim": len(same_claim),
+        "duplicates_same_claim_ids": same_claim[:20],
+        "unknown_deliveries": len(set(by_id) - set(accepted)),
+        "lateness_s": _summary([late for _, late in lateness]),
+        "lateness_outside_windows_s": _summary(outside),
+        "windows": [
+            {
+                "label": w.label,
+                "start": w.start,
+                "end": w.end,
+                "lateness_s": _summary([late for due, late in lateness if w.start <= due <= w.end]),
+            }
+            for w in windows
+        ],
+    }
+
+
+def passed(result: Mapping[str, Any]) -> bool:
+    """The invariants that must hold whatever the faults."""
+    return all(
+        result[key] == 0
+        for key in ("lost", "early", "cancelled_delivered", "duplicates_same_claim")
+    )
+
+
+def _summary(values: list[float]) -> dict[str, float | int]:
+    return {
+        "count": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+    }

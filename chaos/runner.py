@@ -1,0 +1,313 @@
+"""Plays a scenario (``chaos/scenario.py``) against a local cluster of real
+node processes on the embedded stack, under load, and checks the outcome
+(``chaos/checker.py``).
+
+The load posts ``rate`` schedules per second through random ready nodes, due
+0-4 s ahead (one in twenty already due); one in fifty is cancelled a moment
+later, and only a 200 on the DELETE counts it as cancelled. Each fault gets
+a window from its start to the end of the recovery allowance (failure
+detection plus a lease TTL); lateness is reported inside each window and
+outside all of them. After each fault the runner also measures how long the
+cluster takes to settle again (every node agrees on the members, every
+bucket held by its placed owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from chaos.checker import Delivery, Window, check, passed
+from chaos.cluster import LocalCluster
+from chaos.rebalance import Recorder, iso
+from chaos.scenario import Scenario, Step
+
+# Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (10 s).
+RECOVERY_ALLOWANCE = 20.0
+CANCEL_SHARE = 0.02
+GRACE = 60.0  # after the load, how long every accepted schedule may take to arrive
+
+
+class Run:
+    def __init__(self, scenario: Scenario, data_dir: Path, seed: int) -> None:
+        self.scenario = scenario
+        self.cluster = LocalCluster(data_dir)
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.ready: set[str] = set()
+        self.paused: set[str] = set()
+        self.accepted: dict[str, float] = {}
+        self.cancelled: set[str] = set()
+        self.refusals: Counter[str] = Counter()
+        self.events: list[dict[str, Any]] = []
+        self._started = 0.0
+        self._names = 0
+        self._background: list[asyncio.Task[None]] = []
+
+    # -- nodes -------------------------------------------------------------------
+
+    def _new_name(self) -> str:
+        self._names += 1
+        return f"node-{self._names}"
+
+    async def _start(self, name: str) -> None:
+        self.cluster.start_node(name)
+        await asyncio.to_thread(self.cluster.wait_ready, name)
+        self.ready.add(name)
+
+    def _running(self) -> list[str]:
+        return sorted(
+            n.name
+            for n in self.cluster.nodes.values()
+            if n.alive and n.name in self.ready and n.name not in self.paused
+        )
+
+    def _pick(self, step: Step) -> str | None:
+        running = self._running()
+        if step.target == "random":
+            # Never the last node: a fault, not an outage.
+            return self.rng.choice(running) if len(running) > 1 else None
+        return step.target if step.target in running else None
+
+    # -- faults ------------------------------------------------------------------
+
+    async def _play(self, step: Step) -> None:
+        target = None if step.do == "start" else self._pick(step)
+        event: dict[str, Any] = {"at": round(time.time() - self._started, 2), "step": step.label}
+        if step.do == "start":
+            target = self._new_name()
+            event["node"] = target
+            self._background.append(asyncio.create_task(self._start(target)))
+        elif target is None:
+            event["skipped"] = "no such running node (or only one left)"
+        elif step.do == "kill":
+            self.ready.discard(target)
+            self.cluster.kill(target)
+            if step.restart:
+                self._background.append(asyncio.create_task(self._start(target)))
+        elif step.do == "stop":
+            self.ready.discard(target)
+            await asyncio.to_thread(self.cluster.stop_node, target)
+        elif step.do == "restart":
+            self.ready.discard(target)
+            await asyncio.to_thread(self.cluster.stop_node, target)
+            self._background.append(asyncio.create_task(self._start(target)))
+        elif step.do == "pause":
+            self.paused.add(target)
+            self.cluster.pause(target)
+            self._background.append(asyncio.create_task(self._resume_later(target, step)))
+        event.setdefault("node", target)
+        self.events.append(event)
+        if "skipped" not in event:
+            self._background.append(asyncio.create_task(self._time_to_settle(event)))
+
+    async def _resume_later(self, name: str, step: Step) -> None:
+        await asyncio.sleep(step.pause_for)
+        self.cluster.resume(name)
+        self.paused.discard(name)
+        # The zombie wakes up believing it still owns its buckets: the fence
+        # must reject its writes, and the cluster must take it back in.
+        event = {"at": round(time.time() - self._started, 2), "step": "resume", "node": name}
+        self.events.append(event)
+        await self._time_to_settle(event)
+
+    async def _time_to_settle(self, event: dict[str, Any]) -> None:
+        began = time.time()
+        await asyncio.sleep(1.0)  # let the fault be noticed first
+        deadline = began + 120
+        while time.time() < deadline:
+            settled = await asyncio.to_thread(self.cluster.settled, set(self.paused))
+            if settled:
+                event["settled_after_s"] = round(time.time() - began, 2)
+                return
+            await asyncio.sleep(0.5)
+        event["settled_after_s"] = None
+
+    # -- load --------------------------------------------------------------------
+
+    async def _post(self, session: aiohttp.ClientSession, i: int) -> None:
+        lead = 0.0 if self.rng.random() < 0.05 else self.rng.uniform(1.0, 4.0)
+        execute_at = datetime.now(UTC) + timedelta(seconds=lead)
+        execute_at = execute_at.replace(microsecond=execute_at.microsecond // 1000 * 1000)
+        schedule_id = f"s{i}"
+        body = {"id": schedule_id, "topic": "chaos", "executeAt": iso(execute_at), "payload": i}
+        last = ""
+        for _ in range(6):
+            nodes = self._running()
+            if not nodes:
+                await asyncio.sleep(0.2)
+                continue
+            url = self.cluster.nodes[self.rng.choice(nodes)].url
+            try:
+                async with session.post(url + "/v1/schedules", json=body) as r:
+                    if r.status in (200, 201):
+                        self.accepted[schedule_id] = execute_at.timestamp()
+                        break
+                    last = f"HTTP {r.status} {(await r.text())[:200]}"
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                last = f"{type(exc).__name__} {exc}"[:200]
+            await asyncio.sleep(0.1)
+        else:
+            self.refusals[last] += 1
+            return
+        if lead > 0.5 and self.rng.random() < CANCEL_SHARE:
+            await self._cancel(session, schedule_id)
+
+    async def _cancel(self, session: aiohttp.ClientSession, schedule_id: str) -> None:
+        nodes = self._running()
+        if not nodes:
+            return
+        url = self.cluster.nodes[self.rng.choice(nodes)].url
+        try:
+            async with session.delete(url + f"/v1/schedules/{schedule_id}") as r:
+                if r.status == 200:
+                    self.cancelled.add(schedule_id)
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            pass  # unknown outcome: not counted as cancelled
+
+    async def _load(self, session: aiohttp.ClientSession) -> None:
+        total = int(self.scenario.rate * self.scenario.duration)
+        limit = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            async with limit:
+                await self._post(session, i)
+
+        tasks = []
+        for i in range(total):
+            delay = self._started + i / self.scenario.rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+
+    async def _faults(self) -> None:
+        for step in self.scenario.steps:
+            delay = self._started + step.at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._play(step)
+
+    # -- the run -----------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        try:
+            self.cluster.start_servers()
+            await asyncio.gather(
+                *(self._start(self._new_name()) for _ in range(self.scenario.nodes))
+            )
+            await _until(lambda: self.cluster.settled(), 90, "the first nodes to settle")
+            recorder = Recorder(self.cluster.kafka_bootstrap, "chaos")
+            await recorder.start()
+            timeout = aiohttp.ClientTimeout(total=10)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                self._started = time.time()
+                await asyncio.gather(self._load(session), self._faults())
+            for name in list(self.paused):  # a pause longer than the run ends with it
+                self.cluster.resume(name)
+                self.paused.discard(name)
+            await asyncio.gather(*self._background)
+
+            expected = set(self.accepted) - self.cancelled
+
+            def all_arrived() -> bool:
+                return expected <= {r[0] for r in recorder.records}
+
+            await _until(all_arrived, GRACE, "every accepted schedule", strict=False)
+            await asyncio.sleep(2)  # late duplicates, if any, arrive too
+            await recorder.stop()
+            deliveries = [Delivery(*r) for r in recorder.records]
+            self.events.sort(key=lambda e: float(e["at"]))
+            windows: list[Window] = []
+            for event in self.events:
+                if "skipped" in event or event["step"].startswith(("start", "resume")):
+                    continue  # not a fault: no recovery allowance
+                event["window"] = len(windows)
+                start = self._started + event["at"]
+                windows.append(Window(event["step"], start, start + RECOVERY_ALLOWANCE))
+            result = check(self.accepted, self.cancelled, deliveries, windows)
+            result.update(
+                scenario=self.scenario.name,
+                seed=self.seed,
+                settings=asdict(self.scenario),
+                refused=sum(self.refusals.values()),
+                refusals=dict(self.refusals.most_common(10)),
+                events=self.events,
+                started=self._started,
+                passed=passed(result),
+            )
+            return result
+        finally:
+            self.cluster.close()
+
+
+async def _until(condition: Any, within: float, what: str, *, strict: bool = True) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(condition):
+            return
+        await asyncio.sleep(0.2)
+    if strict:
+        raise RuntimeError(f"timed out waiting for {what}")
+
+
+def render(result: dict[str, Any]) -> str:
+    def ms(summary: dict[str, Any]) -> str:
+        return (
+            f"p50 {summary['p50'] * 1000:.0f} ms, p99 {summary['p99'] * 1000:.0f} ms, "
+            f"max {summary['max'] * 1000:.0f} ms ({summary['count']})"
+        )
+
+    lines = [
+        f"{result['scenario']} (seed {result['seed']}): {result['accepted']} accepted, "
+        f"{result['cancelled']} cancelled, {result['refused']} refused, "
+        f"{result['delivered']} delivered",
+        f"lost {result['lost']}, early {result['early']}, "
+        f"cancelled but delivered {result['cancelled_delivered']}, "
+        f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']})",
+        f"lateness overall: {ms(result['lateness_s'])}",
+        f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",
+    ]
+    for event in result["events"]:
+        settled = event.get("settled_after_s")
+        line = f"  at {event['at']:6.1f} s  {event['step']:<28} {event.get('node') or ''}"
+        if "skipped" in event:
+            line += f"  skipped: {event['skipped']}"
+        else:
+            line += f"  settled after {settled} s" if settled is not None else "  did not settle"
+        lines.append(line)
+        if "window" in event:
+            window = result["windows"][event["window"]]
+            lines.append(f"{'':13}lateness in its window: {ms(window['lateness_s'])}")
+    for reason, count in result["refusals"].items():
+        lines.append(f"refused after 6 tries ({count}): {reason}")
+    lines.append("PASSED" if result["passed"] else "FAILED: an invariant broke (see above)")
+    return "\n".join(lines)
+
+
+def main(scenario: Scenario, seed: int, out: Path | None, keep: Path | None) -> int:
+    async def play(data_dir: Path) -> dict[str, Any]:
+        return await Run(scenario, data_dir, seed).run()
+
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(play(keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+            result = asyncio.run(play(Path(tmp)))
+    print(render(result))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(result, indent=2))
+        print(f"wrote {out / 'summary.json'}")
+    return 0 if result["passed"] else 1

@@ -1,0 +1,153 @@
+"""Chaos scenarios and the checker: pure parts, no processes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from chaos.checker import Delivery, Window, check, passed
+from chaos.scenario import ScenarioError, available, load, parse
+
+
+def scenario(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"nodes": 3, "duration": 60, "rate": 10, "timeline": []}
+    base.update(fields)
+    return base
+
+
+def test_every_shipped_scenario_loads() -> None:
+    names = set(available())
+    assert {"scale-out", "scale-in", "rolling-restart", "kill-loop", "zombie-pause"} <= names
+    for name in names:
+        loaded = load(name)
+        assert loaded.description
+        assert loaded.steps, name
+        assert all(0 <= s.at <= loaded.duration for s in loaded.steps)
+
+
+def test_every_repeats_a_step_until_its_end() -> None:
+    kills = parse(
+        "k",
+        scenario(timeline=[{"at": 10, "every": 10, "until": 40, "do": "kill", "restart": True}]),
+    )
+    assert [s.at for s in kills.steps] == [10, 20, 30, 40]
+    assert all(s.do == "kill" and s.restart and s.target == "random" for s in kills.steps)
+
+
+def test_steps_are_played_in_time_order() -> None:
+    parsed = parse(
+        "t",
+        scenario(
+            timeline=[
+                {"at": 30, "do": "stop", "target": "node-1"},
+                {"at": 5, "do": "start"},
+                {"at": 20, "do": "pause", "target": "node-2", "for": 12},
+            ]
+        ),
+    )
+    assert [(s.at, s.do) for s in parsed.steps] == [(5, "start"), (20, "pause"), (30, "stop")]
+    assert parsed.steps[1].pause_for == 12
+    assert parsed.steps[1].label == "pause node-2 for 12 s"
+
+
+def test_scaling_keeps_the_faults_at_the_same_share_of_the_run() -> None:
+    parsed = parse("s", scenario(timeline=[{"at": 15, "do": "pause", "for": 20}]))
+    shorter = parsed.scaled(nodes=None, duration=30, rate=None)
+    assert (shorter.duration, shorter.nodes, shorter.rate) == (30, 3, 10)
+    assert shorter.steps[0].at == 7.5
+    assert shorter.steps[0].pause_for == 20  # a pause must still outlast the lease
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "must be a JSON object"),
+        (scenario(speed=3), "unknown field(s) speed"),
+        ({"duration": 60, "rate": 10}, "missing 'nodes'"),
+        (scenario(nodes=2.5), "nodes must be an integer"),
+        (scenario(rate=0), "rate must be between"),
+        (scenario(duration="60"), "duration must be a number"),
+        (scenario(timeline={}), "timeline must be a list"),
+        (scenario(timeline=[{"at": 5, "do": "explode"}]), "timeline[0]: 'do' must be one of"),
+        (scenario(timeline=[{"at": 61, "do": "start"}]), "at must be between 0 and 60"),
+        (scenario(timeline=[{"do": "start"}]), "missing 'at'"),
+        (scenario(timeline=[{"at": 5, "do": "start", "target": "x"}]), "start takes no target"),
+        (scenario(timeline=[{"at": 5, "do": "pause"}]), "missing 'for'"),
+        (scenario(timeline=[{"at": 5, "until": 9, "do": "kill"}]), "'until' needs 'every'"),
+        (scenario(timeline=[{"at": 5, "do": "kill", "restart": "yes"}]), "restart must be"),
+    ],
+)
+def test_a_bad_scenario_is_refused_naming_the_field(data: Any, message: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse("bad", data, where="bad.json")
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("bad.json")
+
+
+def test_an_unknown_scenario_name_lists_the_known_ones() -> None:
+    with pytest.raises(ScenarioError, match=r"known: .*zombie-pause"):
+        load("no-such-scenario")
+
+
+# -- the checker ----------------------------------------------------------------
+
+
+def test_a_clean_run_passes() -> None:
+    accepted = {"a": 100.0, "b": 101.0}
+    result = check(accepted, set(), [Delivery("a", 1, 1, 100.02), Delivery("b", 1, 1, 101.5)])
+    assert passed(result)
+    assert (result["lost"], result["duplicates"], result["delivered"]) == (0, 0, 2)
+    assert result["lateness_s"]["max"] == pytest.approx(0.5)
+
+
+def test_an_accepted_schedule_never_delivered_is_lost() -> None:
+    result = check({"a": 100.0, "b": 100.0}, set(), [Delivery("a", 1, 1, 100.1)])
+    assert not passed(result)
+    assert (result["lost"], result["lost_ids"]) == (1, ["b"])
+
+
+def test_a_cancelled_schedule_is_not_lost_but_must_never_arrive() -> None:
+    assert passed(check({"a": 100.0}, {"a"}, []))
+    result = check({"a": 100.0}, {"a"}, [Delivery("a", 1, 1, 100.1)])
+    assert not passed(result)
+    assert result["cancelled_delivered_ids"] == ["a"]
+
+
+def test_a_duplicate_under_a_new_token_is_explained_one_under_the_same_claim_is_not() -> None:
+    takeover = [Delivery("a", 3, 1, 100.1), Delivery("a", 4, 2, 110.0)]
+    retry = [Delivery("b", 3, 1, 100.1), Delivery("b", 3, 2, 102.0)]
+    result = check({"a": 100.0, "b": 100.0}, set(), [*takeover, *retry])
+    assert passed(result)
+    assert (result["duplicates"], result["duplicates_same_claim"]) == (2, 0)
+    # Two copies under one token and attempt: two owners claimed with one token.
+    twice = [Delivery("c", 5, 1, 100.1), Delivery("c", 5, 1, 100.2)]
+    result = check({"c": 100.0}, set(), twice)
+    assert not passed(result)
+    assert result["duplicates_same_claim_ids"] == ["c"]
+
+
+def test_lateness_is_split_by_fault_window_and_taken_from_the_first_copy() -> None:
+    accepted = {"early": 100.0, "hit": 120.0, "late": 150.0}
+    deliveries = [
+        Delivery("early", 1, 1, 100.1),
+        Delivery("hit", 1, 1, 128.0),
+        Delivery("hit", 2, 2, 129.0),
+        Delivery("late", 1, 1, 150.2),
+    ]
+    result = check(accepted, set(), deliveries, [Window("kill node-2", 118.0, 138.0)])
+    [window] = result["windows"]
+    assert window["lateness_s"]["count"] == 1
+    assert window["lateness_s"]["max"] == pytest.approx(8.0)
+    outside = result["lateness_outside_windows_s"]
+    assert outside["count"] == 2
+    assert outside["max"] == pytest.approx(0.2)
+
+
+def test_a_delivery_before_its_time_fails_the_run() -> None:
+    deliveries = [Delivery("a", 1, 1, 99.9), Delivery("b", 1, 1, 99.999)]
+    result = check({"a": 100.0, "b": 100.0}, set(), deliveries)
+    assert not passed(result)
+    assert result["early_ids"] == ["a"]  # b is within the millisecond timestamps' rounding
+    assert math.isnan(check({}, set(), [])["lateness_s"]["p99"])
