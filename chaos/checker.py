@@ -82,6 +82,7 @@ def check(
         "unknown_deliveries": len(set(by_id) - set(accepted)),
         "lateness_s": _summary([late for _, late in lateness]),
         "lateness_outside_windows_s": _summary(outside),
+        "lateness_points": sorted([round(due, 3), round(late, 4)] for due, late in lateness),
         "windows": [
             {
                 "label": w.label,

@@ -15,6 +15,7 @@ bucket held by its placed owner).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import tempfile
@@ -30,6 +31,7 @@ import aiohttp
 from chaos.checker import Delivery, Window, check, passed
 from chaos.cluster import LocalCluster
 from chaos.rebalance import Recorder, iso
+from chaos.report import render_html
 from chaos.scenario import Scenario, Step
 
 # Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (10 s).
@@ -50,6 +52,7 @@ class Run:
         self.cancelled: set[str] = set()
         self.refusals: Counter[str] = Counter()
         self.events: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []  # each node's view, once a second
         self._started = 0.0
         self._names = 0
         self._background: list[asyncio.Task[None]] = []
@@ -133,6 +136,25 @@ class Run:
             await asyncio.sleep(0.5)
         event["settled_after_s"] = None
 
+    async def _sample(self, stop: asyncio.Event) -> None:
+        """Buckets held and alive members seen by every running node, each second."""
+        while not stop.is_set():
+            sample: dict[str, Any] = {
+                "t": round(time.time() - self._started, 2),
+                "held": {},
+                "sees": {},
+            }
+            for name in self._running():
+                try:
+                    view = await asyncio.to_thread(self.cluster.cluster_view, name)
+                except (OSError, ValueError):
+                    continue
+                sample["held"][name] = view["buckets"]["held"]
+                sample["sees"][name] = sum(1 for m in view["members"] if m["state"] == "alive")
+            self.samples.append(sample)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
     # -- load --------------------------------------------------------------------
 
     async def _post(self, session: aiohttp.ClientSession, i: int) -> None:
@@ -212,6 +234,8 @@ class Run:
             timeout = aiohttp.ClientTimeout(total=10)
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 self._started = time.time()
+                sampling_done = asyncio.Event()
+                sampler = asyncio.create_task(self._sample(sampling_done))
                 await asyncio.gather(self._load(session), self._faults())
             for name in list(self.paused):  # a pause longer than the run ends with it
                 self.cluster.resume(name)
@@ -225,6 +249,8 @@ class Run:
 
             await _until(all_arrived, GRACE, "every accepted schedule", strict=False)
             await asyncio.sleep(2)  # late duplicates, if any, arrive too
+            sampling_done.set()
+            await sampler
             await recorder.stop()
             deliveries = [Delivery(*r) for r in recorder.records]
             self.events.sort(key=lambda e: float(e["at"]))
@@ -243,6 +269,7 @@ class Run:
                 refused=sum(self.refusals.values()),
                 refusals=dict(self.refusals.most_common(10)),
                 events=self.events,
+                samples=self.samples,
                 started=self._started,
                 passed=passed(result),
             )
@@ -295,6 +322,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write(result: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    (out / "report.html").write_text(render_html(result))
+
+
 def main(scenario: Scenario, seed: int, out: Path | None, keep: Path | None) -> int:
     async def play(data_dir: Path) -> dict[str, Any]:
         return await Run(scenario, data_dir, seed).run()
@@ -307,7 +340,6 @@ def main(scenario: Scenario, seed: int, out: Path | None, keep: Path | None) -> 
             result = asyncio.run(play(Path(tmp)))
     print(render(result))
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(result, indent=2))
-        print(f"wrote {out / 'summary.json'}")
+        write(result, out)
+        print(f"wrote {out / 'summary.json'} and {out / 'report.html'}")
     return 0 if result["passed"] else 1

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 
 from chaos.checker import Delivery, Window, check, passed
+from chaos.report import render_html
 from chaos.scenario import ScenarioError, available, load, parse
 
 
@@ -151,3 +154,76 @@ def test_a_delivery_before_its_time_fails_the_run() -> None:
     assert not passed(result)
     assert result["early_ids"] == ["a"]  # b is within the millisecond timestamps' rounding
     assert math.isnan(check({}, set(), [])["lateness_s"]["p99"])
+
+
+# -- the HTML report -------------------------------------------------------------
+
+
+class Svgs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, Counter[str]] = {}
+        self._current: str | None = None
+        self.title = ""
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "svg":
+            self._current = named["data-plot"] or ""
+            self.plots[self._current] = Counter()
+        elif self._current is not None:
+            self.plots[self._current][named.get("class") or tag] += 1
+        self._in_title = tag == "title" and self._current is None
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._current = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+
+
+def a_result(*, lost: bool) -> dict[str, Any]:
+    accepted = {"a": 1000.0, "b": 1010.0, "c": 1020.0}
+    deliveries = [Delivery("a", 1, 1, 1000.1), Delivery("b", 2, 1, 1014.0)]
+    if not lost:
+        deliveries.append(Delivery("c", 2, 1, 1020.2))
+    result = check(accepted, set(), deliveries, [Window("kill node-1", 1008.0, 1028.0)])
+    result.update(
+        scenario="kill-once",
+        seed=7,
+        settings={"duration": 30.0},
+        started=995.0,
+        passed=passed(result),
+        events=[
+            {"at": 13.0, "step": "kill node-1", "node": "node-1", "settled_after_s": 6.5},
+            {"at": 20.0, "step": "start a node", "node": "node-3", "settled_after_s": None},
+        ],
+        samples=[
+            {"t": t, "held": {"node-1": 8, "node-2": 8}, "sees": {"node-1": 2, "node-2": 2}}
+            for t in (1.0, 2.0, 3.0)
+        ]
+        + [{"t": 20.0, "held": {"node-2": 16}, "sees": {"node-2": 1}}],
+    )
+    return result
+
+
+def test_the_report_plots_lateness_buckets_and_views_with_event_markers() -> None:
+    page = Svgs()
+    page.feed(render_html(a_result(lost=False)))
+    assert "kill-once" in page.title and "PASSED" in page.title
+    assert set(page.plots) == {"lateness", "buckets", "members"}
+    assert page.plots["lateness"]["circle"] == 3  # one dot per delivered schedule
+    for plot in page.plots.values():
+        assert plot["event"] == 2  # a marker per event
+    assert page.plots["buckets"]["series"] == 2  # a line per node seen
+    assert page.plots["members"]["series"] == 2
+
+
+def test_a_failed_run_says_so_in_its_title() -> None:
+    page = Svgs()
+    page.feed(render_html(a_result(lost=True)))
+    assert "FAILED" in page.title
+    assert page.plots["lateness"]["circle"] == 2

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner import Run
+from chaos.runner import Run, write
 from chaos.scenario import load
+from tests.test_chaos import Svgs
 
 pytestmark = pytest.mark.slow
 
@@ -29,3 +30,10 @@ async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path
     assert all(e["settled_after_s"] is not None for e in result["events"])
     [window] = result["windows"]
     assert window["lateness_s"]["count"] > 0
+    # The report a person opens: the three plots, with the pause and resume marked.
+    write(result, tmp_path / "out")
+    page = Svgs()
+    page.feed((tmp_path / "out" / "report.html").read_text())
+    assert set(page.plots) == {"lateness", "buckets", "members"}
+    assert all(plot["event"] == 2 for plot in page.plots.values())
+    assert page.plots["buckets"]["series"] == 3

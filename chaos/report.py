@@ -1,0 +1,149 @@
+"""The HTML page of a chaos run: one self-contained file (inline SVG, no
+scripts, nothing fetched) that a person can open in any browser.
+
+Three plots share the time axis, with a dashed marker at every event:
+lateness of each schedule by its due time, buckets held per node, and the
+alive members each node sees.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 900, 220, 60, 30, 20
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
+
+
+def render_html(result: dict[str, Any]) -> str:
+    started = float(result["started"])
+    points = [(due - started, late) for due, late in result.get("lateness_points", [])]
+    samples = result.get("samples", [])
+    end = max(
+        [float(result["settings"]["duration"]), *(t for t, _ in points), *(s["t"] for s in samples)]
+    )
+    events = [(float(e["at"]), str(e["step"])) for e in result["events"]]
+    nodes = sorted(
+        {n for s in samples for n in s["held"]} | {n for s in samples for n in s["sees"]}
+    )
+    held = {n: [(s["t"], s["held"].get(n)) for s in samples] for n in nodes}
+    sees = {n: [(s["t"], s["sees"].get(n)) for s in samples] for n in nodes}
+    verdict = "PASSED" if result["passed"] else "FAILED"
+    summary = [
+        ("accepted", result["accepted"]),
+        ("cancelled", result["cancelled"]),
+        ("delivered", result["delivered"]),
+        ("lost", result["lost"]),
+        ("early", result["early"]),
+        ("cancelled but delivered", result["cancelled_delivered"]),
+        (
+            "duplicates (under one claim)",
+            f"{result['duplicates']} ({result['duplicates_same_claim']})",
+        ),
+        ("lateness p50 / p99 / max", _ms(result["lateness_s"])),
+        ("outside fault windows", _ms(result["lateness_outside_windows_s"])),
+    ]
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary
+    )
+    event_rows = "".join(
+        f"<tr><td>{e['at']:.1f} s</td><td>{html.escape(str(e['step']))}</td>"
+        f"<td>{html.escape(str(e.get('node') or ''))}</td>"
+        f"<td>{html.escape(_settled(e))}</td></tr>"
+        for e in result["events"]
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>chaos: {html.escape(result["scenario"])} — {verdict}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
+th, td {{ text-align: left; padding: 2px 12px 2px 0; }}
+.verdict {{ font-weight: bold; color: {"#2ca02c" if result["passed"] else "#d62728"}; }}
+svg {{ display: block; margin-bottom: 1.5em; }}
+</style></head><body>
+<h1>{html.escape(result["scenario"])} (seed {result["seed"]}):
+<span class="verdict">{verdict}</span></h1>
+<table>{rows}</table>
+<h2>Events</h2>
+<table><tr><th>at</th><th>step</th><th>node</th><th>cluster settled</th></tr>{event_rows}</table>
+<h2>Lateness by due time (s)</h2>
+{_plot("lateness", {"schedules": points}, end, events, dots=True)}
+<h2>Buckets held per node</h2>
+{_plot("buckets", held, end, events)}
+<h2>Alive members each node sees</h2>
+{_plot("members", sees, end, events)}
+</body></html>
+"""
+
+
+def _ms(summary: dict[str, Any]) -> str:
+    return " / ".join(
+        "-" if math.isnan(summary[k]) else f"{summary[k] * 1000:.0f} ms"
+        for k in ("p50", "p99", "max")
+    )
+
+
+def _settled(event: dict[str, Any]) -> str:
+    if "skipped" in event:
+        return f"skipped: {event['skipped']}"
+    after = event.get("settled_after_s")
+    return "did not settle" if after is None else f"after {after} s"
+
+
+def _plot(
+    name: str,
+    series: Mapping[str, Sequence[tuple[float, float | None]]],
+    end: float,
+    events: Sequence[tuple[float, str]],
+    *,
+    dots: bool = False,
+) -> str:
+    values = [v for points in series.values() for _, v in points if v is not None]
+    top = max(values, default=1.0) or 1.0
+    inner_w, inner_h = WIDTH - LEFT - 10, HEIGHT - BOTTOM - TOP
+
+    def x(t: float) -> float:
+        return LEFT + inner_w * t / end if end else LEFT
+
+    def y(v: float) -> float:
+        return TOP + inner_h * (1 - v / top)
+
+    parts = [
+        f'<svg class="plot" data-plot="{name}" width="{WIDTH}" height="{HEIGHT}" '
+        f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{name}">',
+        f'<line x1="{LEFT}" y1="{TOP + inner_h}" x2="{LEFT + inner_w}" y2="{TOP + inner_h}" '
+        'stroke="#888"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + inner_h}" stroke="#888"/>',
+        f'<text x="{LEFT - 6}" y="{TOP + 4}" text-anchor="end">{top:.3g}</text>',
+        f'<text x="{LEFT - 6}" y="{TOP + inner_h}" text-anchor="end">0</text>',
+        f'<text x="{LEFT + inner_w}" y="{HEIGHT - 8}" text-anchor="end">{end:.0f} s</text>',
+    ]
+    for at, label in events:
+        parts.append(
+            f'<line class="event" x1="{x(at):.1f}" y1="{TOP}" x2="{x(at):.1f}" '
+            f'y2="{TOP + inner_h}" stroke="#999" stroke-dasharray="4 3">'
+            f"<title>{html.escape(label)} at {at:.1f} s</title></line>"
+        )
+    for index, (label, points) in enumerate(sorted(series.items())):
+        colour = COLOURS[index % len(COLOURS)]
+        known = [(t, v) for t, v in points if v is not None]
+        if dots:
+            parts.extend(
+                f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="1.5" fill="{colour}"/>'
+                for t, v in known
+            )
+        elif known:
+            path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in known)
+            parts.append(
+                f'<polyline class="series" fill="none" stroke="{colour}" points="{path}">'
+                f"<title>{html.escape(label)}</title></polyline>"
+            )
+        parts.append(
+            f'<text x="{LEFT + 8 + 90 * index}" y="{HEIGHT - 8}" fill="{colour}">'
+            f"{html.escape(label)}</text>"
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)
