@@ -78,6 +78,20 @@ class LocalCluster:
         embedded.wait_for_port(HOST, self.mongo_port, 60, self.mongo)
         embedded.wait_for_port(HOST, self.kafka_port, 60, self.kafka)
 
+    def crash_store(self, down_for: float) -> None:
+        """SIGKILL the database (a crash: no clean shutdown, nothing flushed on
+        the way out), keep it down ``down_for`` seconds, restart it on the
+        same port and data."""
+        assert self.mongo is not None
+        self.mongo.send_signal(signal.SIGKILL)
+        self.mongo.wait()
+        time.sleep(down_for)
+        self.mongo = embedded.spawn(
+            embedded.mongo_argv(HOST, self.mongo_port, self.data_dir / "mongo"),
+            log=self._logfile("mongodb"),
+        )
+        embedded.wait_for_port(HOST, self.mongo_port, 60, self.mongo)
+
     def start_node(self, name: str) -> NodeProcess:
         http_port, gossip_port = embedded.free_port(HOST), embedded.free_port(HOST)
         seeds = ",".join(f"{HOST}:{n.gossip_port}" for n in self.nodes.values() if n.alive)
@@ -121,14 +135,14 @@ class LocalCluster:
         live = [n for n in self.nodes.values() if n.alive and n.name not in exclude]
         try:
             views = [get_json(n.url + "/v1/cluster") for n in live]
-        except (OSError, ValueError):
+            names = {n.name for n in live}
+            for view in views:
+                alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
+                if alive != names or not view["buckets"]["settled"]:
+                    return False
+            owners = views[0]["buckets"]["owners"]
+        except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
             return False
-        names = {n.name for n in live}
-        for view in views:
-            alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
-            if alive != names or not view["buckets"]["settled"]:
-                return False
-        owners = views[0]["buckets"]["owners"]
         return bool(owners) and all(o["owner"] == o["placed"] for o in owners)
 
     def describe(self) -> str:

@@ -85,12 +85,14 @@ class Run:
     # -- faults ------------------------------------------------------------------
 
     async def _play(self, step: Step) -> None:
-        target = None if step.do == "start" else self._pick(step)
+        target = None if step.do in ("start", "crash-store") else self._pick(step)
         event: dict[str, Any] = {"at": round(time.time() - self._started, 2), "step": step.label}
         if step.do == "start":
             target = self._new_name()
             event["node"] = target
             self._background.append(asyncio.create_task(self._start(target)))
+        elif step.do == "crash-store":
+            await asyncio.to_thread(self.cluster.crash_store, step.lasting)
         elif target is None:
             event["skipped"] = "no such running node (or only one left)"
         elif step.do == "kill":
@@ -115,7 +117,7 @@ class Run:
             self._background.append(asyncio.create_task(self._time_to_settle(event)))
 
     async def _resume_later(self, name: str, step: Step) -> None:
-        await asyncio.sleep(step.pause_for)
+        await asyncio.sleep(step.lasting)
         self.cluster.resume(name)
         self.paused.discard(name)
         # The zombie wakes up believing it still owns its buckets: the fence
@@ -147,10 +149,12 @@ class Run:
             for name in self._running():
                 try:
                     view = await asyncio.to_thread(self.cluster.cluster_view, name)
-                except (OSError, ValueError):
+                    held = view["buckets"]["held"]
+                    sees = sum(1 for m in view["members"] if m["state"] == "alive")
+                except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
                     continue
-                sample["held"][name] = view["buckets"]["held"]
-                sample["sees"][name] = sum(1 for m in view["members"] if m["state"] == "alive")
+                sample["held"][name] = held
+                sample["sees"][name] = sees
             self.samples.append(sample)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -259,8 +263,9 @@ class Run:
                 if "skipped" in event or event["step"].startswith(("start", "resume")):
                     continue  # not a fault: no recovery allowance
                 event["window"] = len(windows)
-                start = self._started + event["at"]
-                windows.append(Window(event["step"], start, start + RECOVERY_ALLOWANCE))
+                # From a poll interval before (work already due when it hit).
+                start = self._started + event["at"] - 1.0
+                windows.append(Window(event["step"], start, start + 1.0 + RECOVERY_ALLOWANCE))
             result = check(self.accepted, self.cancelled, deliveries, windows)
             result.update(
                 scenario=self.scenario.name,

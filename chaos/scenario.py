@@ -13,6 +13,7 @@ A file looks like::
         {"at": 20, "do": "kill", "target": "random"},     # SIGKILL
         {"at": 30, "do": "stop", "target": "node-1"},     # graceful leave
         {"at": 40, "do": "pause", "target": "random", "for": 15},  # SIGSTOP, SIGCONT
+        {"at": 45, "do": "crash-store", "for": 5},        # database SIGKILL, restart
         {"at": 12, "every": 10, "until": 50, "do": "kill", "target": "random",
          "restart": true}                                 # a node dies every 10 s
       ]
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-ACTIONS = ("start", "kill", "stop", "pause", "restart")
+ACTIONS = ("start", "kill", "stop", "pause", "restart", "crash-store")
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
     "start": set(),
@@ -38,6 +39,7 @@ FIELDS: dict[str, set[str]] = {
     "stop": {"target"},
     "pause": {"target", "for"},
     "restart": {"target"},
+    "crash-store": {"for"},  # SIGKILL the database, restart it after "for" seconds
 }
 
 
@@ -52,16 +54,18 @@ class Step:
     at: float
     do: str
     target: str = "random"  # a node name, or "random" among the running ones
-    pause_for: float = 0.0
+    lasting: float = 0.0  # a pause, or a store outage, in seconds
     restart: bool = False  # after a kill: start a fresh node with the same name
 
     @property
     def label(self) -> str:
         if self.do == "start":
             return "start a node"
+        if self.do == "crash-store":
+            return f"crash the store for {self.lasting:g} s"
         what = f"{self.do} {self.target}"
         if self.do == "pause":
-            what += f" for {self.pause_for:g} s"
+            what += f" for {self.lasting:g} s"
         return what + (" and restart" if self.restart else "")
 
 
@@ -83,7 +87,7 @@ class Scenario:
             nodes or self.nodes,
             duration or self.duration,
             rate or self.rate,
-            tuple(Step(s.at * factor, s.do, s.target, s.pause_for, s.restart) for s in self.steps),
+            tuple(Step(s.at * factor, s.do, s.target, s.lasting, s.restart) for s in self.steps),
         )
 
 
@@ -142,10 +146,10 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
     if unknown:
         raise ScenarioError(f"{where}: {do} takes no {', '.join(sorted(unknown))}")
     at = _number(entry, "at", where, low=0, high=duration)
-    target = entry.get("target", "random")
-    if not isinstance(target, str) or not target:
+    target = entry.get("target", "random" if "target" in FIELDS[do] else "")
+    if not isinstance(target, str) or (not target and "target" in FIELDS[do]):
         raise ScenarioError(f"{where}: target must be a node name or 'random'")
-    pause_for = _number(entry, "for", where, low=0.1, high=3600) if do == "pause" else 0.0
+    lasting = _number(entry, "for", where, low=0.1, high=3600) if "for" in FIELDS[do] else 0.0
     restart = entry.get("restart", False)
     if not isinstance(restart, bool):
         raise ScenarioError(f"{where}: restart must be true or false")
@@ -159,7 +163,7 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
             times.append(times[-1] + every)
     elif "until" in entry:
         raise ScenarioError(f"{where}: 'until' needs 'every'")
-    return [Step(t, do, target, pause_for, restart) for t in times]
+    return [Step(t, do, target, lasting, restart) for t in times]
 
 
 def _number(

@@ -35,7 +35,7 @@ from node.metrics import NodeMetrics
 from node.ownership import Ownership
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
-from node.store import RetryPolicy, ScheduleStore, utcnow
+from node.store import DURABLE, RetryPolicy, ScheduleStore, utcnow
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.service")
@@ -58,7 +58,13 @@ class Node:
         )
         database = self.client[config.mongo_database]
         self.store = ScheduleStore(database, config.buckets)
-        self.leases = LeaseManager(database["buckets"], config.node_id, config.lease_ttl)
+        # A lease write lost in a database crash could move a token backwards
+        # and undo the fence: leases are written as durably as schedules.
+        self.leases = LeaseManager(
+            database["buckets"].with_options(write_concern=DURABLE),
+            config.node_id,
+            config.lease_ttl,
+        )
         self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
         self.poller = BucketPoller(
             self.store,

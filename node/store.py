@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pymongo import ASCENDING, UpdateMany, UpdateOne
+from pymongo import ASCENDING, UpdateMany, UpdateOne, WriteConcern
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
@@ -32,6 +32,10 @@ from node.group_insert import GroupInserter
 from node.schedules import NewSchedule, Status
 
 FORMAT_VERSION = 1
+# Journaled on a majority: an acknowledged write survives a crash of the
+# database. Found by the store-crash chaos scenario, which lost a schedule
+# acknowledged just before a SIGKILL of the embedded server under w:1.
+DURABLE = WriteConcern("majority", j=True)
 CLUSTER_DOC_ID = "cluster"
 
 
@@ -132,9 +136,15 @@ class ScheduleStore:
         self.database = database
         self.bucket_count = bucket_count
         self.schedules: AsyncCollection[dict[str, Any]] = database["schedules"]
-        self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"]
+        self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"].with_options(
+            write_concern=DURABLE
+        )
         self._rng = random.Random()
-        self._inserts = GroupInserter(self.schedules)
+        # What the API acknowledges must survive a crash of the database (and
+        # a failover, on a replica set): journaled, on a majority. Claims and
+        # marks need not be: losing one only means delivering again.
+        self._durable = self.schedules.with_options(write_concern=DURABLE)
+        self._inserts = GroupInserter(self._durable)
 
     # -- start-up -------------------------------------------------------------
 
@@ -213,7 +223,7 @@ class ScheduleStore:
         ones; the store applies one of the two first, so a 200 here means no
         owner holds it and none ever will.
         """
-        result = await self.schedules.update_one(
+        result = await self._durable.update_one(
             {"_id": schedule_id, "status": Status.PENDING.value},
             {"$set": {"status": Status.CANCELLED.value, "cancelledAt": now}},
         )

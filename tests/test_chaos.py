@@ -51,7 +51,7 @@ def test_steps_are_played_in_time_order() -> None:
         ),
     )
     assert [(s.at, s.do) for s in parsed.steps] == [(5, "start"), (20, "pause"), (30, "stop")]
-    assert parsed.steps[1].pause_for == 12
+    assert parsed.steps[1].lasting == 12
     assert parsed.steps[1].label == "pause node-2 for 12 s"
 
 
@@ -60,7 +60,7 @@ def test_scaling_keeps_the_faults_at_the_same_share_of_the_run() -> None:
     shorter = parsed.scaled(nodes=None, duration=30, rate=None)
     assert (shorter.duration, shorter.nodes, shorter.rate) == (30, 3, 10)
     assert shorter.steps[0].at == 7.5
-    assert shorter.steps[0].pause_for == 20  # a pause must still outlast the lease
+    assert shorter.steps[0].lasting == 20  # a pause must still outlast the lease
 
 
 @pytest.mark.parametrize(
@@ -227,3 +227,12 @@ def test_a_failed_run_says_so_in_its_title() -> None:
     page.feed(render_html(a_result(lost=True)))
     assert "FAILED" in page.title
     assert page.plots["lateness"]["circle"] == 2
+
+
+def test_a_store_crash_step_takes_an_outage_and_no_target() -> None:
+    parsed = parse("c", scenario(timeline=[{"at": 20, "do": "crash-store", "for": 5}]))
+    [step] = parsed.steps
+    assert (step.do, step.lasting, step.target) == ("crash-store", 5, "")
+    assert step.label == "crash the store for 5 s"
+    with pytest.raises(ScenarioError, match="crash-store takes no target"):
+        parse("c", scenario(timeline=[{"at": 20, "do": "crash-store", "for": 5, "target": "x"}]))

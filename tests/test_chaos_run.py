@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path) -> None:
     scenario = load("zombie-pause").scaled(nodes=None, duration=40, rate=25)
     [pause] = scenario.steps
-    assert pause.pause_for > 10  # longer than the nodes' lease TTL
+    assert pause.lasting > 10  # longer than the nodes' lease TTL
     result = await Run(scenario, tmp_path, seed=1).run()
     assert result["passed"], {k: result[k] for k in ("lost_ids", "early_ids", "refusals")}
     assert result["accepted"] + result["refused"] == 1000

@@ -91,3 +91,20 @@ async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(mongo
     assert await mongo.schedules.count_documents({"bucket": moved, "status": "IN_FLIGHT"}) == sum(
         1 for c in claimed if c.bucket == moved
     )
+
+
+async def test_what_the_api_acknowledges_is_journaled_on_a_majority(mongo: Any) -> None:
+    # A schedule acknowledged under w:1 was lost when the database was killed
+    # (the store-crash chaos scenario): inserts and cancels must wait for the
+    # journal, on a majority of a replica set.
+    store = ScheduleStore(mongo, 16)
+    for collection in (store._inserts.collection, store._durable, store.cluster):
+        assert collection.write_concern.document == {"w": "majority", "j": True}
+
+
+def test_lease_writes_are_journaled_on_a_majority(
+    servers: EmbeddedServers, database_name: str
+) -> None:
+    # A lease write lost in a crash of the database could move a token back.
+    node = Node(make_config(servers, database_name))
+    assert node.leases.collection.write_concern.document == {"w": "majority", "j": True}
