@@ -92,6 +92,16 @@ class LocalCluster:
         )
         embedded.wait_for_port(HOST, self.mongo_port, 60, self.mongo)
 
+    def pause_broker(self, down_for: float) -> None:
+        """SIGSTOP Kafka for ``down_for`` seconds, then SIGCONT: connections
+        hang and time out, as with a broker stalled or cut off."""
+        assert self.kafka is not None
+        self.kafka.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(down_for)
+        finally:
+            self.kafka.send_signal(signal.SIGCONT)
+
     def start_node(self, name: str) -> NodeProcess:
         http_port, gossip_port = embedded.free_port(HOST), embedded.free_port(HOST)
         seeds = ",".join(f"{HOST}:{n.gossip_port}" for n in self.nodes.values() if n.alive)
@@ -190,6 +200,7 @@ class LocalCluster:
             embedded.stop(node.process, timeout=15)
         for server in (self.kafka, self.mongo):
             if server is not None:
+                server.send_signal(signal.SIGCONT)  # a paused one cannot stop
                 embedded.stop(server)
         for handle in self._logs:
             handle.close()

@@ -85,7 +85,7 @@ class Run:
     # -- faults ------------------------------------------------------------------
 
     async def _play(self, step: Step) -> None:
-        target = None if step.do in ("start", "crash-store") else self._pick(step)
+        target = None if step.do in ("start", "crash-store", "pause-broker") else self._pick(step)
         event: dict[str, Any] = {"at": round(time.time() - self._started, 2), "step": step.label}
         if step.do == "start":
             target = self._new_name()
@@ -93,6 +93,8 @@ class Run:
             self._background.append(asyncio.create_task(self._start(target)))
         elif step.do == "crash-store":
             await asyncio.to_thread(self.cluster.crash_store, step.lasting)
+        elif step.do == "pause-broker":
+            await asyncio.to_thread(self.cluster.pause_broker, step.lasting)
         elif target is None:
             event["skipped"] = "no such running node (or only one left)"
         elif step.do == "kill":

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-ACTIONS = ("start", "kill", "stop", "pause", "restart", "crash-store")
+ACTIONS = ("start", "kill", "stop", "pause", "restart", "crash-store", "pause-broker")
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
     "start": set(),
@@ -40,6 +40,10 @@ FIELDS: dict[str, set[str]] = {
     "pause": {"target", "for"},
     "restart": {"target"},
     "crash-store": {"for"},  # SIGKILL the database, restart it after "for" seconds
+    # SIGSTOP Kafka for "for" seconds: unreachable, nothing lost. (A crash
+    # would not do on the embedded Tansu, which keeps topics in memory: it
+    # would lose records the scheduler had delivered.)
+    "pause-broker": {"for"},
 }
 
 
@@ -63,6 +67,8 @@ class Step:
             return "start a node"
         if self.do == "crash-store":
             return f"crash the store for {self.lasting:g} s"
+        if self.do == "pause-broker":
+            return f"pause the broker for {self.lasting:g} s"
         what = f"{self.do} {self.target}"
         if self.do == "pause":
             what += f" for {self.lasting:g} s"

@@ -229,10 +229,19 @@ def test_a_failed_run_says_so_in_its_title() -> None:
     assert page.plots["lateness"]["circle"] == 2
 
 
-def test_a_store_crash_step_takes_an_outage_and_no_target() -> None:
-    parsed = parse("c", scenario(timeline=[{"at": 20, "do": "crash-store", "for": 5}]))
+@pytest.mark.parametrize(
+    ("do", "label"),
+    [("crash-store", "crash the store for 5 s"), ("pause-broker", "pause the broker for 5 s")],
+)
+def test_a_server_fault_takes_an_outage_and_no_target(do: str, label: str) -> None:
+    parsed = parse("c", scenario(timeline=[{"at": 20, "do": do, "for": 5}]))
     [step] = parsed.steps
-    assert (step.do, step.lasting, step.target) == ("crash-store", 5, "")
-    assert step.label == "crash the store for 5 s"
+    assert (step.do, step.lasting, step.target) == (do, 5, "")
+    assert step.label == label
+    with pytest.raises(ScenarioError, match="missing 'for'"):
+        parse("c", scenario(timeline=[{"at": 20, "do": do}]))
+
+
+def test_crash_store_takes_no_target() -> None:
     with pytest.raises(ScenarioError, match="crash-store takes no target"):
         parse("c", scenario(timeline=[{"at": 20, "do": "crash-store", "for": 5, "target": "x"}]))
