@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 
 from chaos.cluster import LocalCluster
+from chaos.harness import Recorder, iso, until
 from chaos.stats import percentile
-from node.tail import topic_consumer
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 10.0  # the node default
@@ -40,43 +40,6 @@ CI = Scale(2000, 30.0)
 FULL = Scale(10_000, 60.0)
 
 
-def iso(when: datetime) -> str:
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class Recorder:
-    """Every record of the topic, from the beginning."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = topic_consumer(bootstrap, topic)
-        self.records: list[tuple[str, int, int, float]] = []  # id, token, attempt, at
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        self._task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        while True:
-            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
-            for part in batch.values():
-                for record in part:
-                    headers = dict(record.headers)
-                    self.records.append(
-                        (
-                            headers["schedule-id"].decode(),
-                            int(headers["fence-token"]),
-                            int(headers["attempt"]),
-                            record.timestamp / 1000,
-                        )
-                    )
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        await self.consumer.stop()
-
-
 async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     cluster = LocalCluster(data_dir)
@@ -91,7 +54,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
         for name in ("node-1", "node-2", "node-3"):
             cluster.wait_ready(name)
         try:
-            await _until(cluster.settled, 90, "the first 3 nodes to settle")
+            await until(cluster.settled, 90, "the first 3 nodes to settle")
         except RuntimeError:
             raise RuntimeError("the first 3 nodes did not settle:\n" + cluster.describe()) from None
         topic = "rebalance"
@@ -168,7 +131,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
                     return False
                 return {m["id"]: m["state"] for m in view["members"]}.get("node-2") == "dead"
 
-            await _until(node2_dead, 90, "node-2 to be declared dead")
+            await until(node2_dead, 90, "node-2 to be declared dead")
             timeline["kill_detected_after"] = time.time() - kill_at
             await asyncio.sleep(max(0.0, start + 0.7 * scale.seconds - time.time()))
             down.add("node-3")
@@ -184,7 +147,7 @@ async def run(scale: Scale, data_dir: Path, seed: int = 1) -> dict[str, Any]:
         def all_delivered() -> bool:
             return set(accepted) <= {r[0] for r in recorder.records}
 
-        await _until(all_delivered, 120, "every accepted schedule to be delivered", strict=False)
+        await until(all_delivered, 120, "every accepted schedule to be delivered", strict=False)
         await asyncio.sleep(2)  # late duplicates, if any, arrive too
         await recorder.stop()
         result = report(scale, accepted, recorder.records, timeline, load_started, refused)
@@ -257,19 +220,6 @@ def report(
             "bound": timeline.get("kill_detected_after", 0.0) + LEASE_TTL,
         },
     }
-
-
-async def _until(condition: Any, within: float, what: str, *, strict: bool = True) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        ready = condition()
-        if asyncio.iscoroutine(ready):
-            ready = await ready
-        if ready:
-            return
-        await asyncio.sleep(0.2)
-    if strict:
-        raise RuntimeError(f"timed out waiting for {what}")
 
 
 def render(result: dict[str, Any]) -> str:

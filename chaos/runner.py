@@ -30,9 +30,9 @@ import aiohttp
 
 from chaos.checker import Delivery, Window, check, passed
 from chaos.cluster import LocalCluster
-from chaos.rebalance import Recorder, iso
+from chaos.harness import Recorder, iso, until
 from chaos.report import render_html
-from chaos.scenario import Scenario, Step
+from chaos.scenario import FIELDS, Scenario, Step
 
 # Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (10 s).
 RECOVERY_ALLOWANCE = 20.0
@@ -85,7 +85,8 @@ class Run:
     # -- faults ------------------------------------------------------------------
 
     async def _play(self, step: Step) -> None:
-        target = None if step.do in ("start", "crash-store", "pause-broker") else self._pick(step)
+        # Steps on the servers or adding a node have no target to pick.
+        target = self._pick(step) if "target" in FIELDS[step.do] else None
         event: dict[str, Any] = {"at": round(time.time() - self._started, 2), "step": step.label}
         if step.do == "start":
             target = self._new_name()
@@ -234,7 +235,7 @@ class Run:
             await asyncio.gather(
                 *(self._start(self._new_name()) for _ in range(self.scenario.nodes))
             )
-            await _until(lambda: self.cluster.settled(), 90, "the first nodes to settle")
+            await until(self.cluster.settled, 90, "the first nodes to settle")
             recorder = Recorder(self.cluster.kafka_bootstrap, "chaos")
             await recorder.start()
             timeout = aiohttp.ClientTimeout(total=10)
@@ -253,7 +254,7 @@ class Run:
             def all_arrived() -> bool:
                 return expected <= {r[0] for r in recorder.records}
 
-            await _until(all_arrived, GRACE, "every accepted schedule", strict=False)
+            await until(all_arrived, GRACE, "every accepted schedule", strict=False)
             await asyncio.sleep(2)  # late duplicates, if any, arrive too
             sampling_done.set()
             await sampler
@@ -283,16 +284,6 @@ class Run:
             return result
         finally:
             self.cluster.close()
-
-
-async def _until(condition: Any, within: float, what: str, *, strict: bool = True) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(condition):
-            return
-        await asyncio.sleep(0.2)
-    if strict:
-        raise RuntimeError(f"timed out waiting for {what}")
 
 
 def render(result: dict[str, Any]) -> str:

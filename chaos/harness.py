@@ -1,0 +1,62 @@
+"""What every chaos run uses: a reader that records each delivered record,
+a timestamp format, and waiting on a condition with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from node.tail import topic_consumer
+
+
+def iso(when: datetime) -> str:
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Recorder:
+    """Every record of the topic, from the beginning."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = topic_consumer(bootstrap, topic)
+        self.records: list[tuple[str, int, int, float]] = []  # id, token, attempt, at
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
+            for part in batch.values():
+                for record in part:
+                    headers = dict(record.headers)
+                    self.records.append(
+                        (
+                            headers["schedule-id"].decode(),
+                            int(headers["fence-token"]),
+                            int(headers["attempt"]),
+                            record.timestamp / 1000,
+                        )
+                    )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.consumer.stop()
+
+
+async def until(
+    condition: Callable[[], bool], within: float, what: str, *, strict: bool = True
+) -> None:
+    """Poll ``condition`` (run in a thread: it may do blocking IO) until true;
+    after ``within`` seconds raise, or just return when not ``strict``."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(condition):
+            return
+        await asyncio.sleep(0.2)
+    if strict:
+        raise RuntimeError(f"timed out waiting for {what}")
