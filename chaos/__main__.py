@@ -21,6 +21,20 @@ def main() -> int:
     play.add_argument("--rate", type=float, default=None, help="schedules per second")
     play.add_argument("--out", type=Path, default=None, help="write summary.json in this directory")
     play.add_argument("--keep", type=Path, default=None, help="keep node logs and data here")
+    play.add_argument("--mongo-uri", default=None, help="use this MongoDB instead of SecantusDB")
+    play.add_argument(
+        "--kafka-bootstrap", default=None, help="use this Kafka (host:port) instead of Tansu"
+    )
+    play.add_argument(
+        "--no-namespaces",
+        action="store_true",
+        help="partition with the nodes' gossip filter even where network namespaces work",
+    )
+    play.add_argument(
+        "--unfenced",
+        action="store_true",
+        help="run the nodes without the fence (CHAOS_MODE=unfenced): the run should fail",
+    )
     run = commands.add_parser("rebalance", help="join, kill -9 and leave under load")
     run.add_argument("--full", action="store_true", help="10,000 schedules over 60 s")
     run.add_argument("--schedules", type=int, default=None, help="override the count")
@@ -35,6 +49,9 @@ def main() -> int:
             print(f"{name:<18} {scenario.load(str(path)).description}")
         return 0
     if args.command == "run":
+        if (args.mongo_uri is None) != (args.kafka_bootstrap is None):
+            print("chaos: --mongo-uri and --kafka-bootstrap go together", file=sys.stderr)
+            return 2
         try:
             chosen = scenario.load(args.scenario).scaled(
                 nodes=args.nodes, duration=args.duration, rate=args.rate
@@ -42,7 +59,15 @@ def main() -> int:
         except scenario.ScenarioError as exc:
             print(f"chaos: {exc}", file=sys.stderr)
             return 2
-        return runner.main(chosen, args.seed, args.out, args.keep)
+        return runner.main(
+            chosen,
+            args.seed,
+            args.out,
+            args.keep,
+            unfenced=args.unfenced,
+            namespaces=not args.no_namespaces,
+            external=(args.mongo_uri, args.kafka_bootstrap) if args.mongo_uri else None,
+        )
     return rebalance.main(args.full, args.out, args.schedules, args.seconds, args.keep)
 
 

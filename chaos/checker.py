@@ -8,6 +8,12 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   of fencing token (a new owner took over) or a later attempt of the same
   owner, never by two copies under one (token, attempt): that would be two
   owners claiming with one token, which the fence exists to prevent;
+* stale claims: a delivery under token t of a schedule that fell due after
+  a newer token t' of its bucket had already delivered something. Claims
+  take only due schedules, so t claimed it while t' held the bucket: two
+  live owners, the double claim the fence exists to prevent. (A former
+  owner finishing a batch it claimed before losing the lease delivers only
+  schedules due before the new owner's first delivery: never flagged.)
 * lateness (first delivery - executeAt) overall and inside each fault's
   window, from the fault to the end of its recovery allowance.
 """
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos.stats import percentile
+from ring import bucket_for
 
 # Record timestamps are milliseconds, taken on the publishing node's clock
 # (the same host here): anything sooner than this before executeAt is early.
@@ -46,8 +53,11 @@ def check(
     cancelled: set[str],
     deliveries: Sequence[Delivery],
     windows: Sequence[Window] = (),
+    *,
+    buckets: int = 256,
 ) -> dict[str, Any]:
-    """``accepted``: schedule id -> executeAt (epoch seconds)."""
+    """``accepted``: schedule id -> executeAt (epoch seconds); ``buckets``:
+    the cluster's bucket count, to tell each schedule's bucket."""
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
@@ -65,6 +75,7 @@ def check(
             if first < execute_at - EARLY_TOLERANCE:
                 early.append(schedule_id)
             lateness.append((execute_at, max(0.0, first - execute_at)))
+    stale = _stale_claims(accepted, deliveries, buckets)
     outside = [late for due, late in lateness if not any(w.start <= due <= w.end for w in windows)]
     return {
         "accepted": len(accepted),
@@ -79,6 +90,8 @@ def check(
         "duplicates": len(duplicates),
         "duplicates_same_claim": len(same_claim),
         "duplicates_same_claim_ids": same_claim[:20],
+        "stale_claims": len(stale),
+        "stale_claims_ids": stale[:20],
         "unknown_deliveries": len(set(by_id) - set(accepted)),
         "lateness_s": _summary([late for _, late in lateness]),
         "lateness_outside_windows_s": _summary(outside),
@@ -99,8 +112,29 @@ def passed(result: Mapping[str, Any]) -> bool:
     """The invariants that must hold whatever the faults."""
     return all(
         result[key] == 0
-        for key in ("lost", "early", "cancelled_delivered", "duplicates_same_claim")
+        for key in ("lost", "early", "cancelled_delivered", "duplicates_same_claim", "stale_claims")
     )
+
+
+def _stale_claims(
+    accepted: Mapping[str, float], deliveries: Sequence[Delivery], buckets: int
+) -> list[str]:
+    first_by_token: dict[tuple[int, int], float] = {}  # (bucket, token) -> first delivery
+    for d in deliveries:
+        key = (bucket_for(d.schedule_id, buckets), d.token)
+        first_by_token[key] = min(d.at, first_by_token.get(key, d.at))
+    by_bucket: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for (bucket, token), first in first_by_token.items():
+        by_bucket[bucket].append((token, first))
+    stale = set()
+    for d in deliveries:
+        due = accepted.get(d.schedule_id)
+        if due is None:
+            continue
+        newer = by_bucket[bucket_for(d.schedule_id, buckets)]
+        if any(t > d.token and first < due - EARLY_TOLERANCE for t, first in newer):
+            stale.add(d.schedule_id)
+    return sorted(stale)
 
 
 def _summary(values: list[float]) -> dict[str, float | int]:

@@ -1,6 +1,12 @@
 """A local cluster of real node processes on the embedded stack, for fault
 injection: start, SIGKILL, SIGSTOP/SIGCONT and gracefully stop nodes while
-the rest keep running."""
+the rest keep running, and cut the network between them.
+
+With ``network`` (``chaos/network.py``) each node runs in its own network
+namespace and a partition is a cut link. Without, every node is on loopback
+and a partition is the nodes' chaos-mode gossip filter (``PUT
+/v1/chaos/partition``, needs ``CHAOS_MODE=on``): gossip is cut, the links
+to the database and the broker are not."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from chaos.network import NODE_GOSSIP_PORT, NODE_HTTP_PORT, Namespaces
 from node import embedded
 
 HOST = "127.0.0.1"
@@ -26,6 +33,7 @@ HOST = "127.0.0.1"
 @dataclass
 class NodeProcess:
     name: str
+    host: str
     http_port: int
     gossip_port: int
     process: subprocess.Popen[bytes]
@@ -33,17 +41,39 @@ class NodeProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def gossip_address(self) -> str:
+        return f"{self.host}:{self.gossip_port}"
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
 
+class ExternalServers(RuntimeError):
+    """A server fault asked of servers this cluster did not start."""
+
+
 class LocalCluster:
-    def __init__(self, data_dir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        network: Namespaces | None = None,
+        external: tuple[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.env = env or {}
+        self.network = network
+        # (MongoDB URI, Kafka bootstrap) of servers someone else runs: nothing
+        # to start, crash or pause, and a database of this run's own.
+        self.external = external
+        self.database = f"chaos-{os.getpid()}-{int(time.time())}"
+        # The servers listen where every node can reach them: the bridge.
+        self.host = network.server_host if network else HOST
         self.nodes: dict[str, NodeProcess] = {}
         self.mongo: subprocess.Popen[bytes] | None = None
         self.kafka: subprocess.Popen[bytes] | None = None
@@ -53,11 +83,19 @@ class LocalCluster:
 
     @property
     def mongo_uri(self) -> str:
-        return embedded.mongo_uri(HOST, self.mongo_port)
+        if self.external:
+            return self.external[0]
+        return embedded.mongo_uri(self.host, self.mongo_port)
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{HOST}:{self.kafka_port}"
+        if self.external:
+            return self.external[1]
+        return f"{self.host}:{self.kafka_port}"
+
+    def _embedded(self, fault: str) -> None:
+        if self.external:
+            raise ExternalServers(f"cannot {fault}: the servers are external")
 
     def _logfile(self, name: str) -> IO[bytes]:
         logs = self.data_dir / "logs"
@@ -67,34 +105,39 @@ class LocalCluster:
         return handle
 
     def start_servers(self) -> None:
-        self.mongo_port, self.kafka_port = embedded.free_port(HOST), embedded.free_port(HOST)
+        if self.external:
+            return
+        host = self.host
+        self.mongo_port, self.kafka_port = embedded.free_port(host), embedded.free_port(host)
         self.mongo = embedded.spawn(
-            embedded.mongo_argv(HOST, self.mongo_port, self.data_dir / "mongo"),
+            embedded.mongo_argv(host, self.mongo_port, self.data_dir / "mongo"),
             log=self._logfile("mongodb"),
         )
         self.kafka = embedded.spawn(
-            embedded.kafka_argv(HOST, self.kafka_port), log=self._logfile("kafka")
+            embedded.kafka_argv(host, self.kafka_port), log=self._logfile("kafka")
         )
-        embedded.wait_for_port(HOST, self.mongo_port, 60, self.mongo)
-        embedded.wait_for_port(HOST, self.kafka_port, 60, self.kafka)
+        embedded.wait_for_port(host, self.mongo_port, 60, self.mongo)
+        embedded.wait_for_port(host, self.kafka_port, 60, self.kafka)
 
     def crash_store(self, down_for: float) -> None:
         """SIGKILL the database (a crash: no clean shutdown, nothing flushed on
         the way out), keep it down ``down_for`` seconds, restart it on the
         same port and data."""
+        self._embedded("crash the store")
         assert self.mongo is not None
         self.mongo.send_signal(signal.SIGKILL)
         self.mongo.wait()
         time.sleep(down_for)
         self.mongo = embedded.spawn(
-            embedded.mongo_argv(HOST, self.mongo_port, self.data_dir / "mongo"),
+            embedded.mongo_argv(self.host, self.mongo_port, self.data_dir / "mongo"),
             log=self._logfile("mongodb"),
         )
-        embedded.wait_for_port(HOST, self.mongo_port, 60, self.mongo)
+        embedded.wait_for_port(self.host, self.mongo_port, 60, self.mongo)
 
     def pause_broker(self, down_for: float) -> None:
         """SIGSTOP Kafka for ``down_for`` seconds, then SIGCONT: connections
         hang and time out, as with a broker stalled or cut off."""
+        self._embedded("pause the broker")
         assert self.kafka is not None
         self.kafka.send_signal(signal.SIGSTOP)
         try:
@@ -103,23 +146,28 @@ class LocalCluster:
             self.kafka.send_signal(signal.SIGCONT)
 
     def start_node(self, name: str) -> NodeProcess:
-        http_port, gossip_port = embedded.free_port(HOST), embedded.free_port(HOST)
-        seeds = ",".join(f"{HOST}:{n.gossip_port}" for n in self.nodes.values() if n.alive)
+        if self.network is not None:
+            host, http_port, gossip_port = self.network.add(name), NODE_HTTP_PORT, NODE_GOSSIP_PORT
+        else:
+            host, http_port, gossip_port = HOST, embedded.free_port(HOST), embedded.free_port(HOST)
+        seeds = ",".join(n.gossip_address for n in self.nodes.values() if n.alive)
         argv = [
             sys.executable, "-m", "node", "run",
             "--node-id", name,
-            "--http-bind", f"{HOST}:{http_port}",
-            "--gossip-bind", f"{HOST}:{gossip_port}",
-            "--advertise-host", HOST,
+            "--http-bind", f"{host}:{http_port}",
+            "--gossip-bind", f"{host}:{gossip_port}",
+            "--advertise-host", host,
             "--seeds", seeds,
             "--mongo-uri", self.mongo_uri,
+            "--mongo-database", self.database,
             "--kafka-bootstrap", self.kafka_bootstrap,
             "--log-format", "console",
         ]  # fmt: skip
         env = {"LOG_LEVEL": "info", **os.environ, **self.env}
-        node = NodeProcess(
-            name, http_port, gossip_port, embedded.spawn(argv, log=self._logfile(name), env=env)
-        )
+        if self.network is not None:
+            argv = self.network.wrap(name, argv)
+        process = embedded.spawn(argv, log=self._logfile(name), env=env)
+        node = NodeProcess(name, host, http_port, gossip_port, process)
         self.nodes[name] = node
         return node
 
@@ -188,6 +236,54 @@ class LocalCluster:
     def resume(self, name: str) -> None:
         self.nodes[name].process.send_signal(signal.SIGCONT)
 
+    # -- partitions -------------------------------------------------------------------
+
+    @property
+    def partition_kind(self) -> str:
+        if self.network is not None:
+            return self.network.kind + ": a partition cuts links"
+        return (
+            "in-process gossip filter (network namespaces unavailable): "
+            "gossip is cut, links to the database and the broker are not"
+        )
+
+    def partition(self, groups: list[set[str]], *, isolate: str | None = None) -> None:
+        """Cut every path between nodes of different groups. ``isolate``: cut
+        that node off everything instead (its link goes down)."""
+        if self.network is not None:
+            if isolate is not None:
+                self.network.isolate(isolate)
+            else:
+                self.network.split(groups)
+            return
+        side = {name: i for i, group in enumerate(groups) for name in group}
+        for node in self.nodes.values():
+            if node.alive and node.name in side:
+                blocked = [
+                    other.gossip_address
+                    for other in self.nodes.values()
+                    if other.name in side and side[other.name] != side[node.name]
+                ]
+                self._block_gossip(node, blocked)
+
+    def heal(self) -> None:
+        if self.network is not None:
+            self.network.heal()
+            return
+        for node in self.nodes.values():
+            if node.alive:
+                self._block_gossip(node, [])
+
+    def _block_gossip(self, node: NodeProcess, addresses: list[str]) -> None:
+        request = urllib.request.Request(
+            node.url + "/v1/chaos/partition",
+            data=json.dumps({"blocked": addresses}).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+
     def stop_node(self, name: str, grace: float = 30) -> int:
         return embedded.stop(self.nodes[name].process, timeout=grace)
 
@@ -204,6 +300,8 @@ class LocalCluster:
                 embedded.stop(server)
         for handle in self._logs:
             handle.close()
+        if self.network is not None:
+            self.network.close()
 
 
 def get_json(url: str) -> Any:

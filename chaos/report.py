@@ -32,6 +32,7 @@ def render_html(result: dict[str, Any]) -> str:
     sees = {n: [(s["t"], s["sees"].get(n)) for s in samples] for n in nodes}
     verdict = "PASSED" if result["passed"] else "FAILED"
     summary = [
+        ("network", result.get("network", "")),
         ("accepted", result["accepted"]),
         ("cancelled", result["cancelled"]),
         ("delivered", result["delivered"]),
@@ -42,9 +43,12 @@ def render_html(result: dict[str, Any]) -> str:
             "duplicates (under one claim)",
             f"{result['duplicates']} ({result['duplicates_same_claim']})",
         ),
+        ("stale claims (two owners at once)", result["stale_claims"]),
         ("lateness p50 / p99 / max", _ms(result["lateness_s"])),
         ("outside fault windows", _ms(result["lateness_outside_windows_s"])),
     ]
+    if result.get("unfenced"):
+        summary.insert(0, ("nodes", "UNFENCED (CHAOS_MODE=unfenced): expected to fail"))
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary
     )
@@ -89,6 +93,8 @@ def _ms(summary: dict[str, Any]) -> str:
 def _settled(event: dict[str, Any]) -> str:
     if "skipped" in event:
         return f"skipped: {event['skipped']}"
+    if "skipped_settle" in event:
+        return f"not timed: {event['skipped_settle']}"
     after = event.get("settled_after_s")
     return "did not settle" if after is None else f"after {after} s"
 

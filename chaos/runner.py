@@ -31,23 +31,65 @@ import aiohttp
 from chaos.checker import Delivery, Window, check, passed
 from chaos.cluster import LocalCluster
 from chaos.harness import Recorder, iso, until
+from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
 
 # Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (10 s).
 RECOVERY_ALLOWANCE = 20.0
 CANCEL_SHARE = 0.02
+BUCKETS = 256  # the nodes' default bucket count
 GRACE = 60.0  # after the load, how long every accepted schedule may take to arrive
 
 
 class Run:
-    def __init__(self, scenario: Scenario, data_dir: Path, seed: int) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        data_dir: Path,
+        seed: int,
+        *,
+        unfenced: bool = False,
+        namespaces: bool = True,
+        settle_within: float = 120.0,
+        external: tuple[str, str] | None = None,
+    ) -> None:
         self.scenario = scenario
-        self.cluster = LocalCluster(data_dir)
+        # unfenced: nodes run without the fence (CHAOS_MODE=unfenced), to show
+        # that the checker catches what the fence prevents.
+        self.unfenced = unfenced
+        self.settle_within = settle_within
+        # Partitions cut real links where network namespaces work; elsewhere
+        # (or with namespaces=False) the nodes' chaos-mode gossip filter.
+        network = None
+        self.network = "loopback (no partition in this scenario)"
+        filtered = False
+        if any(step.partitions for step in scenario.steps):
+            sweep()
+            reason = probe() if namespaces else "turned off (--no-namespaces)"
+            if external:
+                # Nodes in namespaces reach only the bridge, not servers
+                # elsewhere (no NAT tools on the kind of host this targets).
+                reason = "the servers are external"
+            if reason is None:
+                network = Namespaces()
+            else:
+                filtered = True
+        mode = "unfenced" if unfenced else "on" if filtered else "off"
+        self.cluster = LocalCluster(
+            data_dir, env={"CHAOS_MODE": mode}, network=network, external=external
+        )
+        # Records of earlier runs stay in an external broker's topic.
+        self.topic = f"chaos-{self.cluster.database}" if external else "chaos"
+        if network is not None or filtered:
+            self.network = self.cluster.partition_kind
+            if filtered:
+                self.network += f"; namespaces not used: {reason}"
         self.rng = random.Random(seed)
         self.seed = seed
         self.ready: set[str] = set()
         self.paused: set[str] = set()
+        self.isolated: set[str] = set()
         self.accepted: dict[str, float] = {}
         self.cancelled: set[str] = set()
         self.refusals: Counter[str] = Counter()
@@ -72,7 +114,7 @@ class Run:
         return sorted(
             n.name
             for n in self.cluster.nodes.values()
-            if n.alive and n.name in self.ready and n.name not in self.paused
+            if n.alive and n.name in self.ready and n.name not in self.paused | self.isolated
         )
 
     def _pick(self, step: Step) -> str | None:
@@ -84,18 +126,35 @@ class Run:
 
     # -- faults ------------------------------------------------------------------
 
+    def _halves(self) -> list[set[str]]:
+        names = self._running()
+        self.rng.shuffle(names)
+        return [set(names[: len(names) // 2]), set(names[len(names) // 2 :])]
+
     async def _play(self, step: Step) -> None:
-        # Steps on the servers or adding a node have no target to pick.
+        # Steps on the servers, on the whole cluster or adding a node have
+        # no target to pick.
         target = self._pick(step) if "target" in FIELDS[step.do] else None
-        event: dict[str, Any] = {"at": round(time.time() - self._started, 2), "step": step.label}
+        event: dict[str, Any] = {
+            "at": round(time.time() - self._started, 2),
+            "step": step.label,
+            "lasting": step.lasting,
+        }
         if step.do == "start":
             target = self._new_name()
             event["node"] = target
             self._background.append(asyncio.create_task(self._start(target)))
+        elif step.do in ("crash-store", "pause-broker") and self.cluster.external:
+            event["skipped"] = "the servers are external: the runner cannot crash or pause them"
         elif step.do == "crash-store":
             await asyncio.to_thread(self.cluster.crash_store, step.lasting)
         elif step.do == "pause-broker":
             await asyncio.to_thread(self.cluster.pause_broker, step.lasting)
+        elif step.do == "split":
+            halves = self._halves()
+            event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
+            await asyncio.to_thread(self.cluster.partition, halves)
+            self._background.append(asyncio.create_task(self._heal_later(step)))
         elif target is None:
             event["skipped"] = "no such running node (or only one left)"
         elif step.do == "kill":
@@ -114,9 +173,18 @@ class Run:
             self.paused.add(target)
             self.cluster.pause(target)
             self._background.append(asyncio.create_task(self._resume_later(target, step)))
+        elif step.do == "isolate":
+            self.isolated.add(target)
+            others = {n for n in self.cluster.nodes if n != target}
+            await asyncio.to_thread(self.cluster.partition, [{target}, others], isolate=target)
+            self._background.append(asyncio.create_task(self._heal_later(step)))
+
         event.setdefault("node", target)
         self.events.append(event)
-        if "skipped" not in event:
+        if step.do == "split":
+            # Each half settles on its own view; the cluster settles after the heal.
+            event["skipped_settle"] = "the halves cannot agree until the heal"
+        elif "skipped" not in event:
             self._background.append(asyncio.create_task(self._time_to_settle(event)))
 
     async def _resume_later(self, name: str, step: Step) -> None:
@@ -129,12 +197,21 @@ class Run:
         self.events.append(event)
         await self._time_to_settle(event)
 
+    async def _heal_later(self, step: Step) -> None:
+        await asyncio.sleep(step.lasting)
+        await asyncio.to_thread(self.cluster.heal)
+        self.isolated.clear()
+        event = {"at": round(time.time() - self._started, 2), "step": "heal", "node": None}
+        self.events.append(event)
+        await self._time_to_settle(event)
+
     async def _time_to_settle(self, event: dict[str, Any]) -> None:
         began = time.time()
         await asyncio.sleep(1.0)  # let the fault be noticed first
-        deadline = began + 120
+        deadline = began + self.settle_within
         while time.time() < deadline:
-            settled = await asyncio.to_thread(self.cluster.settled, set(self.paused))
+            unreachable = self.paused | self.isolated
+            settled = await asyncio.to_thread(self.cluster.settled, unreachable)
             if settled:
                 event["settled_after_s"] = round(time.time() - began, 2)
                 return
@@ -169,7 +246,7 @@ class Run:
         execute_at = datetime.now(UTC) + timedelta(seconds=lead)
         execute_at = execute_at.replace(microsecond=execute_at.microsecond // 1000 * 1000)
         schedule_id = f"s{i}"
-        body = {"id": schedule_id, "topic": "chaos", "executeAt": iso(execute_at), "payload": i}
+        body = {"id": schedule_id, "topic": self.topic, "executeAt": iso(execute_at), "payload": i}
         last = ""
         for _ in range(6):
             nodes = self._running()
@@ -236,7 +313,7 @@ class Run:
                 *(self._start(self._new_name()) for _ in range(self.scenario.nodes))
             )
             await until(self.cluster.settled, 90, "the first nodes to settle")
-            recorder = Recorder(self.cluster.kafka_bootstrap, "chaos")
+            recorder = Recorder(self.cluster.kafka_bootstrap, self.topic)
             await recorder.start()
             timeout = aiohttp.ClientTimeout(total=10)
             async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -263,15 +340,19 @@ class Run:
             self.events.sort(key=lambda e: float(e["at"]))
             windows: list[Window] = []
             for event in self.events:
-                if "skipped" in event or event["step"].startswith(("start", "resume")):
+                if "skipped" in event or event["step"].startswith(("start", "resume", "heal")):
                     continue  # not a fault: no recovery allowance
                 event["window"] = len(windows)
-                # From a poll interval before (work already due when it hit).
+                # From a poll interval before (work already due when it hit)
+                # to the recovery allowance after the fault ends.
                 start = self._started + event["at"] - 1.0
-                windows.append(Window(event["step"], start, start + 1.0 + RECOVERY_ALLOWANCE))
-            result = check(self.accepted, self.cancelled, deliveries, windows)
+                end = start + 1.0 + event["lasting"] + RECOVERY_ALLOWANCE
+                windows.append(Window(event["step"], start, end))
+            result = check(self.accepted, self.cancelled, deliveries, windows, buckets=BUCKETS)
             result.update(
                 scenario=self.scenario.name,
+                unfenced=self.unfenced,
+                network=self.network,
                 seed=self.seed,
                 settings=asdict(self.scenario),
                 refused=sum(self.refusals.values()),
@@ -294,12 +375,15 @@ def render(result: dict[str, Any]) -> str:
         )
 
     lines = [
-        f"{result['scenario']} (seed {result['seed']}): {result['accepted']} accepted, "
+        f"{result['scenario']} (seed {result['seed']}"
+        f"{', nodes UNFENCED' if result['unfenced'] else ''}): {result['accepted']} accepted, "
         f"{result['cancelled']} cancelled, {result['refused']} refused, "
         f"{result['delivered']} delivered",
         f"lost {result['lost']}, early {result['early']}, "
         f"cancelled but delivered {result['cancelled_delivered']}, "
-        f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']})",
+        f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}), "
+        f"stale claims {result['stale_claims']}",
+        f"network: {result['network']}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",
     ]
@@ -308,6 +392,8 @@ def render(result: dict[str, Any]) -> str:
         line = f"  at {event['at']:6.1f} s  {event['step']:<28} {event.get('node') or ''}"
         if "skipped" in event:
             line += f"  skipped: {event['skipped']}"
+        elif "skipped_settle" in event:
+            line += f"  (not timed: {event['skipped_settle']})"
         else:
             line += f"  settled after {settled} s" if settled is not None else "  did not settle"
         lines.append(line)
@@ -326,9 +412,20 @@ def write(result: dict[str, Any], out: Path) -> None:
     (out / "report.html").write_text(render_html(result))
 
 
-def main(scenario: Scenario, seed: int, out: Path | None, keep: Path | None) -> int:
+def main(
+    scenario: Scenario,
+    seed: int,
+    out: Path | None,
+    keep: Path | None,
+    *,
+    unfenced: bool = False,
+    namespaces: bool = True,
+    external: tuple[str, str] | None = None,
+) -> int:
     async def play(data_dir: Path) -> dict[str, Any]:
-        return await Run(scenario, data_dir, seed).run()
+        return await Run(
+            scenario, data_dir, seed, unfenced=unfenced, namespaces=namespaces, external=external
+        ).run()
 
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)

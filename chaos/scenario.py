@@ -13,6 +13,8 @@ A file looks like::
         {"at": 20, "do": "kill", "target": "random"},     # SIGKILL
         {"at": 30, "do": "stop", "target": "node-1"},     # graceful leave
         {"at": 40, "do": "pause", "target": "random", "for": 15},  # SIGSTOP, SIGCONT
+        {"at": 42, "do": "isolate", "target": "random", "for": 12},  # link down
+        {"at": 44, "do": "split", "for": 10},             # halves cut apart
         {"at": 45, "do": "crash-store", "for": 5},        # database SIGKILL, restart
         {"at": 12, "every": 10, "until": 50, "do": "kill", "target": "random",
          "restart": true}                                 # a node dies every 10 s
@@ -31,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-ACTIONS = ("start", "kill", "stop", "pause", "restart", "crash-store", "pause-broker")
+ACTIONS = (
+    "start", "kill", "stop", "pause", "restart", "isolate", "split", "crash-store", "pause-broker",
+)  # fmt: skip
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
     "start": set(),
@@ -39,6 +43,11 @@ FIELDS: dict[str, set[str]] = {
     "stop": {"target"},
     "pause": {"target", "for"},
     "restart": {"target"},
+    # Cut the node's network link for "for" seconds: peers, database, broker.
+    "isolate": {"target", "for"},
+    # Two halves that cannot reach each other for "for" seconds; both still
+    # reach the database and the broker.
+    "split": {"for"},
     "crash-store": {"for"},  # SIGKILL the database, restart it after "for" seconds
     # SIGSTOP Kafka for "for" seconds: unreachable, nothing lost. (A crash
     # would not do on the embedded Tansu, which keeps topics in memory: it
@@ -62,6 +71,10 @@ class Step:
     restart: bool = False  # after a kill: start a fresh node with the same name
 
     @property
+    def partitions(self) -> bool:
+        return self.do in ("isolate", "split")
+
+    @property
     def label(self) -> str:
         if self.do == "start":
             return "start a node"
@@ -69,8 +82,10 @@ class Step:
             return f"crash the store for {self.lasting:g} s"
         if self.do == "pause-broker":
             return f"pause the broker for {self.lasting:g} s"
+        if self.do == "split":
+            return f"split the cluster for {self.lasting:g} s"
         what = f"{self.do} {self.target}"
-        if self.do == "pause":
+        if self.do in ("pause", "isolate"):
             what += f" for {self.lasting:g} s"
         return what + (" and restart" if self.restart else "")
 

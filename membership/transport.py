@@ -59,6 +59,10 @@ class Transport:
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # Peer addresses whose packets are not sent: a partition simulated in
+        # process, for chaos tests where network namespaces are unavailable.
+        # Empty in normal operation.
+        self.blocked: frozenset[str] = frozenset()
 
     async def start(self, host: str, port: int) -> None:
         """Bind UDP and TCP on one port. With port 0 the OS picks the UDP
@@ -125,6 +129,9 @@ class Transport:
     # -- sending -------------------------------------------------------------------
 
     def send(self, address: str, packet: Packet, *, reliable: bool) -> None:
+        if address in self.blocked:
+            self.dropped["partitioned"] += 1
+            return
         data = self.codec.encode(packet)
         if reliable:
             task = asyncio.create_task(self._send_stream(address, data))

@@ -193,6 +193,18 @@ async def wake(request: web.Request) -> web.Response:
     return json_response({"woken": node.wake(bucket, due_at)}, status=202)
 
 
+async def chaos_partition(request: web.Request) -> web.Response:
+    """Chaos mode only: drop gossip to these peer addresses (a partition
+    simulated in process, where network namespaces are unavailable)."""
+    try:
+        blocked = json.loads(await request.read())["blocked"]
+    except (ValueError, KeyError, TypeError):
+        raise ValidationFailed('body must be {"blocked": ["host:port", ...]}') from None
+    if not isinstance(blocked, list) or not all(isinstance(a, str) for a in blocked):
+        raise ValidationFailed("blocked must be a list of host:port strings", "blocked")
+    return json_response({"blocked": request.app[NODE_KEY].block_gossip(blocked)})
+
+
 async def cluster_view(request: web.Request) -> web.Response:
     return json_response(await request.app[NODE_KEY].cluster_view())
 
@@ -229,6 +241,8 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    if node.config.chaos_mode != "off":
+        app.router.add_put("/v1/chaos/partition", chaos_partition)
     return app
 
 

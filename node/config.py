@@ -337,6 +337,17 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_parse_choice("debug", "info", "warning", "error"),
         help="least severe level logged",
     ),
+    Setting(
+        attr="chaos_mode",
+        env="CHAOS_MODE",
+        flag="--chaos-mode",
+        default="off",
+        parse=_parse_choice("off", "on", "unfenced"),
+        help="testing only, never in production: `on` adds the `/v1/chaos/` packet filter "
+        "(partitions where network namespaces are unavailable); `unfenced` also removes the "
+        "lease-token conditions and the local lease checks, to prove the chaos checker "
+        "catches double claims",
+    ),
 )
 
 
@@ -365,6 +376,7 @@ class NodeConfig:
     dead_letter_topic: str
     log_format: str
     log_level: str
+    chaos_mode: str = "off"
 
     @property
     def http_address(self) -> str:

@@ -56,6 +56,7 @@ class LeaseManager:
         ttl: float,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        unfenced: bool = False,
     ) -> None:
         self.collection = collection
         self.node_id = node_id
@@ -68,6 +69,11 @@ class LeaseManager:
         # Held but withdrawn from new work: about to be released.
         self.suspended: set[int] = set()
         self.losses = 0
+        # Chaos testing only (CHAOS_MODE=unfenced): trust every lease taken
+        # until it is released: no local deadline, no loss on a renew that
+        # matched nothing. It makes a paused node a true zombie, so the chaos
+        # checker can show that it catches the double claims that follow.
+        self.unfenced = unfenced
 
     @property
     def renew_interval(self) -> float:
@@ -80,7 +86,7 @@ class LeaseManager:
         return {
             b: lease.token
             for b, lease in self.held.items()
-            if lease.deadline > now and b not in self.suspended
+            if self._current(lease, now) and b not in self.suspended
         }
 
     def suspend(self, buckets: Iterable[int]) -> None:
@@ -89,7 +95,10 @@ class LeaseManager:
 
     def is_usable(self, bucket: int, token: int) -> bool:
         lease = self.held.get(bucket)
-        return lease is not None and lease.token == token and lease.deadline > self.monotonic()
+        return lease is not None and lease.token == token and self._current(lease, self.monotonic())
+
+    def _current(self, lease: Lease, now: float) -> bool:
+        return self.unfenced or lease.deadline > now
 
     def _expiry_pipeline(self) -> list[dict[str, Any]]:
         return [{"$set": {"expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]}}}]
@@ -117,7 +126,7 @@ class LeaseManager:
                 for d in current
                 if d.get("owner") == self.node_id and d.get("token") == held[d["_id"]].token
             }
-        lost = sorted(set(held) - kept)
+        lost = [] if self.unfenced else sorted(set(held) - kept)
         for bucket in kept:
             if self.held.get(bucket) == held[bucket]:
                 self.held[bucket] = Lease(bucket, held[bucket].token, sent + self.ttl - self.margin)
@@ -223,7 +232,7 @@ class LeaseManager:
 
     def _drop_expired(self) -> None:
         now = self.monotonic()
-        for bucket in [b for b, lease in self.held.items() if lease.deadline <= now]:
+        for bucket in [b for b, lease in self.held.items() if not self._current(lease, now)]:
             self._lose(bucket, "local deadline passed")
 
     def _lose(self, bucket: int, reason: str) -> None:

@@ -57,13 +57,15 @@ class Node:
             appname=f"scheduler/{config.node_id}",
         )
         database = self.client[config.mongo_database]
-        self.store = ScheduleStore(database, config.buckets)
+        unfenced = config.chaos_mode == "unfenced"
+        self.store = ScheduleStore(database, config.buckets, unfenced=unfenced)
         # A lease write lost in a database crash could move a token backwards
         # and undo the fence: leases are written as durably as schedules.
         self.leases = LeaseManager(
             database["buckets"].with_options(write_concern=DURABLE),
             config.node_id,
             config.lease_ttl,
+            unfenced=unfenced,
         )
         self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
         self.poller = BucketPoller(
@@ -138,8 +140,8 @@ class Node:
             config=preset(config.membership_preset),
             seeds=config.seeds,
             keys=config.cluster_keys,
-            # Other nodes reach our API here (wake-up hints, the cluster page).
-            # and which bucket placement we run, so all use the oldest one.
+            # Other nodes reach our API here (wake-up hints, the cluster page),
+            # and learn which bucket placement we run, so all use the oldest one.
             meta={
                 "http": f"{config.advertise_host}:{self.http_port}",
                 "placement": str(PLACEMENT_VERSION),
@@ -149,6 +151,14 @@ class Node:
         self.metrics.watch_membership(self.membership)
         await self.membership.start()
         log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
+
+    def block_gossip(self, addresses: list[str]) -> list[str]:
+        """Chaos mode: send no gossip to these peers; returns the set in force."""
+        if self.membership is not None:
+            self.membership.transport.blocked = frozenset(addresses)
+            log.warning("chaos: gossip blocked", peers=sorted(addresses))
+            return sorted(self.membership.transport.blocked)
+        return []
 
     def _alive_members(self) -> dict[str, int]:
         """Alive member -> the placement version it advertises."""

@@ -132,8 +132,17 @@ class RetryPolicy:
 
 
 class ScheduleStore:
-    def __init__(self, database: AsyncDatabase[dict[str, Any]], bucket_count: int) -> None:
+    def __init__(
+        self,
+        database: AsyncDatabase[dict[str, Any]],
+        bucket_count: int,
+        *,
+        unfenced: bool = False,
+    ) -> None:
         self.database = database
+        # Chaos testing only (CHAOS_MODE=unfenced): owner writes carry no
+        # token condition, so the chaos checker can prove it sees the result.
+        self.unfenced = unfenced
         self.bucket_count = bucket_count
         self.schedules: AsyncCollection[dict[str, Any]] = database["schedules"]
         self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"].with_options(
@@ -314,7 +323,11 @@ class ScheduleStore:
             by_token[tokens[doc["bucket"]]].append(doc["_id"])
         ops = [
             UpdateMany(
-                {"_id": {"$in": chunk}, "status": Status.PENDING.value, "token": {"$lte": token}},
+                {
+                    "_id": {"$in": chunk},
+                    "status": Status.PENDING.value,
+                    **self._fence("$lte", token),
+                },
                 {
                     "$set": {
                         "status": Status.IN_FLIGHT.value,
@@ -348,7 +361,11 @@ class ScheduleStore:
             by_token[item.token].append(item.id)
         ops = [
             UpdateMany(
-                {"_id": {"$in": chunk}, "status": Status.IN_FLIGHT.value, "token": token},
+                {
+                    "_id": {"$in": chunk},
+                    "status": Status.IN_FLIGHT.value,
+                    **self._fence("$eq", token),
+                },
                 {"$set": {"status": Status.DELIVERED.value, "deliveredAt": now, "lastError": None}},
             )
             for token, ids in by_token.items()
@@ -368,7 +385,11 @@ class ScheduleStore:
         retried = 0
         for failure in failures:
             item = failure.claimed
-            fence = {"_id": item.id, "status": Status.IN_FLIGHT.value, "token": item.token}
+            fence = {
+                "_id": item.id,
+                "status": Status.IN_FLIGHT.value,
+                **self._fence("$eq", item.token),
+            }
             if item.attempt >= policy.max_attempts:
                 failed.append(item)
                 update: dict[str, Any] = {
@@ -386,6 +407,10 @@ class ScheduleStore:
         if ops:
             await self.schedules.bulk_write(ops, ordered=False)
         return FailureOutcome(retried=retried, failed=failed)
+
+    def _fence(self, operator: str, token: int) -> dict[str, Any]:
+        """The token condition of an owner write."""
+        return {} if self.unfenced else {"token": {operator: token}}
 
     async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
         """Make schedules left IN_FLIGHT by an older owner of our buckets due again.

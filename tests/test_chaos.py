@@ -12,6 +12,7 @@ import pytest
 from chaos.checker import Delivery, Window, check, passed
 from chaos.report import render_html
 from chaos.scenario import ScenarioError, available, load, parse
+from ring import bucket_for
 
 
 def scenario(**fields: Any) -> dict[str, Any]:
@@ -129,6 +130,29 @@ def test_a_duplicate_under_a_new_token_is_explained_one_under_the_same_claim_is_
     result = check({"c": 100.0}, set(), twice)
     assert not passed(result)
     assert result["duplicates_same_claim_ids"] == ["c"]
+
+
+def same_bucket_ids(count: int, buckets: int = 256) -> list[str]:
+    first = bucket_for("s0", buckets)
+    found = [f"s{i}" for i in range(100_000) if bucket_for(f"s{i}", buckets) == first]
+    return found[:count]
+
+
+def test_a_claim_under_a_token_older_than_one_already_at_work_is_a_double_claim() -> None:
+    old_batch, new_work, stale = same_bucket_ids(3)
+    accepted = {old_batch: 99.0, new_work: 100.0, stale: 105.0}
+    deliveries = [
+        Delivery(new_work, 5, 1, 100.1),  # the new owner (token 5) at work at 100.1
+        # The former owner (token 4) finishing a batch claimed before it lost
+        # the lease: due before token 5 acted, so explained.
+        Delivery(old_batch, 4, 1, 101.0),
+    ]
+    assert passed(check({old_batch: 99.0, new_work: 100.0}, set(), deliveries))
+    # Due at 105, after token 5 delivered: token 4 claimed it while token 5
+    # held the bucket.
+    result = check(accepted, set(), [*deliveries, Delivery(stale, 4, 1, 105.2)])
+    assert not passed(result)
+    assert (result["stale_claims"], result["stale_claims_ids"]) == (1, [stale])
 
 
 def test_lateness_is_split_by_fault_window_and_taken_from_the_first_copy() -> None:

@@ -142,3 +142,17 @@ async def test_claim_skips_cancelled_and_newer_tokens(mongo: Any) -> None:
     # A token below the one that last wrote claims nothing.
     await store.recover_in_flight({0: 6})
     assert await store.claim(await store.find_due([0], now, 10), {0: 5}, "me", now) == []
+
+
+async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mongo: Any) -> None:
+    # CHAOS_MODE=unfenced exists to prove the chaos checker catches a true
+    # zombie: it must really keep working on leases it no longer holds.
+    clock = FakeClock()
+    zombie = LeaseManager(mongo.buckets, "a", 10.0, monotonic=clock, unfenced=True)
+    await zombie.acquire([0, 1])
+    tokens = zombie.usable()
+    clock.now += 60.0
+    await mongo.buckets.update_one({"_id": 1}, {"$set": {"owner": "z"}, "$inc": {"token": 1}})
+    assert await zombie.renew() == []
+    assert zombie.usable() == tokens
+    assert zombie.is_usable(1, tokens[1])

@@ -108,3 +108,17 @@ def test_lease_writes_are_journaled_on_a_majority(
     # A lease write lost in a crash of the database could move a token back.
     node = Node(make_config(servers, database_name))
     assert node.leases.collection.write_concern.document == {"w": "majority", "j": True}
+
+
+async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:
+    # CHAOS_MODE=unfenced: the claim and the mark lose their token condition.
+    now = datetime.now(UTC).replace(microsecond=0)
+    doc = {"_id": "unfenced-1", "bucket": bucket_for("unfenced-1", 16), "status": "PENDING"}
+    await mongo.schedules.insert_one({**doc, "token": 9, "dueAt": now})
+    tokens = {doc["bucket"]: 4}
+    assert await ScheduleStore(mongo, 16).claim([doc], tokens, "me", now) == []
+    [claimed] = await ScheduleStore(mongo, 16, unfenced=True).claim([doc], tokens, "me", now)
+    assert claimed.token == 4
+    await mongo.schedules.update_one({"_id": doc["_id"]}, {"$set": {"token": 9}})
+    assert await ScheduleStore(mongo, 16).mark_delivered([claimed], now) == 0
+    assert await ScheduleStore(mongo, 16, unfenced=True).mark_delivered([claimed], now) == 1
