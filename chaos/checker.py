@@ -14,6 +14,8 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   live owners, the double claim the fence exists to prevent. (A former
   owner finishing a batch it claimed before losing the lease delivers only
   schedules due before the new owner's first delivery: never flagged.)
+* vanished: seen in the topic during the run, gone when a fresh reader
+  reads it again at the end (the broker lost an acknowledged record);
 * lateness (first delivery - executeAt) overall and inside each fault's
   window, from the fault to the end of its recovery allowance.
 """
@@ -55,9 +57,11 @@ def check(
     windows: Sequence[Window] = (),
     *,
     buckets: int = 256,
+    kept: set[str] | None = None,
 ) -> dict[str, Any]:
     """``accepted``: schedule id -> executeAt (epoch seconds); ``buckets``:
-    the cluster's bucket count, to tell each schedule's bucket."""
+    the cluster's bucket count, to tell each schedule's bucket; ``kept``:
+    the ids a fresh reader found in the topic at the end (None: not read)."""
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
@@ -76,6 +80,7 @@ def check(
                 early.append(schedule_id)
             lateness.append((execute_at, max(0.0, first - execute_at)))
     stale = _stale_claims(accepted, deliveries, buckets)
+    vanished = sorted(set(by_id) - kept) if kept is not None else []
     outside = [late for due, late in lateness if not any(w.start <= due <= w.end for w in windows)]
     return {
         "accepted": len(accepted),
@@ -90,6 +95,8 @@ def check(
         "duplicates": len(duplicates),
         "duplicates_same_claim": len(same_claim),
         "duplicates_same_claim_ids": same_claim[:20],
+        "vanished": len(vanished),
+        "vanished_ids": vanished[:20],
         "stale_claims": len(stale),
         "stale_claims_ids": stale[:20],
         "unknown_deliveries": len(set(by_id) - set(accepted)),
@@ -112,7 +119,14 @@ def passed(result: Mapping[str, Any]) -> bool:
     """The invariants that must hold whatever the faults."""
     return all(
         result[key] == 0
-        for key in ("lost", "early", "cancelled_delivered", "duplicates_same_claim", "stale_claims")
+        for key in (
+            "lost",
+            "early",
+            "cancelled_delivered",
+            "duplicates_same_claim",
+            "stale_claims",
+            "vanished",
+        )
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from chaos import objectstore
 from chaos.network import NODE_GOSSIP_PORT, NODE_HTTP_PORT, Namespaces
 from node import embedded
 
@@ -64,8 +65,14 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         network: Namespaces | None = None,
         external: tuple[str, str] | None = None,
+        durable_broker: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        # Tansu over a disk-backed S3 store instead of memory, so the broker
+        # can crash without losing records (chaos/objectstore.py).
+        self.durable_broker = durable_broker
+        self.objectstore: subprocess.Popen[bytes] | None = None
+        self._kafka_env: dict[str, str] | None = None
         self.env = env or {}
         self.network = network
         # (MongoDB URI, Kafka bootstrap) of servers someone else runs: nothing
@@ -113,11 +120,31 @@ class LocalCluster:
             embedded.mongo_argv(host, self.mongo_port, self.data_dir / "mongo"),
             log=self._logfile("mongodb"),
         )
-        self.kafka = embedded.spawn(
-            embedded.kafka_argv(host, self.kafka_port), log=self._logfile("kafka")
-        )
+        if self.durable_broker:
+            self.objectstore, s3_port = objectstore.start(
+                self.data_dir / "s3", self._logfile("objectstore")
+            )
+            self._kafka_env = {**os.environ, **objectstore.broker_env(s3_port)}
+        self._spawn_kafka()
         embedded.wait_for_port(host, self.mongo_port, 60, self.mongo)
-        embedded.wait_for_port(host, self.kafka_port, 60, self.kafka)
+
+    def _spawn_kafka(self) -> None:
+        argv = embedded.kafka_argv(self.host, self.kafka_port)
+        if self.durable_broker:
+            argv += ["--storage-engine", objectstore.STORAGE_URL]
+        self.kafka = embedded.spawn(argv, log=self._logfile("kafka"), env=self._kafka_env)
+        embedded.wait_for_port(self.host, self.kafka_port, 60, self.kafka)
+
+    def crash_broker(self, down_for: float) -> None:
+        """SIGKILL Kafka, keep it down ``down_for`` seconds, restart it on the
+        same port and storage. Only with a durable broker: from memory, the
+        records it had acknowledged would be gone."""
+        self._embedded("crash the broker")
+        assert self.kafka is not None
+        self.kafka.send_signal(signal.SIGKILL)
+        self.kafka.wait()
+        time.sleep(down_for)
+        self._spawn_kafka()
 
     def crash_store(self, down_for: float) -> None:
         """SIGKILL the database (a crash: no clean shutdown, nothing flushed on
@@ -294,7 +321,7 @@ class LocalCluster:
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             embedded.stop(node.process, timeout=15)
-        for server in (self.kafka, self.mongo):
+        for server in (self.kafka, self.mongo, self.objectstore):
             if server is not None:
                 server.send_signal(signal.SIGCONT)  # a paused one cannot stop
                 embedded.stop(server)

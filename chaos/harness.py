@@ -1,5 +1,6 @@
 """What every chaos run uses: a reader that records each delivered record,
-a timestamp format, and waiting on a condition with a deadline."""
+a timestamp format, waiting on a condition with a deadline, and waiting
+until the broker stores a record."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from node.tail import topic_consumer
 
@@ -60,3 +64,23 @@ async def until(
         await asyncio.sleep(0.2)
     if strict:
         raise RuntimeError(f"timed out waiting for {what}")
+
+
+async def broker_stores(bootstrap: str, within: float) -> None:
+    """Wait until the broker acknowledges a record (acks=all). A listening
+    broker is not yet a working one: over object storage it accepts
+    connections before its storage answers."""
+    deadline = time.monotonic() + within
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        try:
+            await producer.start()
+            await asyncio.wait_for(producer.send_and_wait("chaos-ready", b"ok"), 10)
+            return
+        except (KafkaError, OSError, TimeoutError) as exc:
+            last = exc
+        finally:
+            await producer.stop()
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"the broker stored nothing within {within:g} s: {last!r}")

@@ -44,6 +44,7 @@ def render_html(result: dict[str, Any]) -> str:
             f"{result['duplicates']} ({result['duplicates_same_claim']})",
         ),
         ("stale claims (two owners at once)", result["stale_claims"]),
+        ("gone from the topic by the end", result["vanished"]),
         ("lateness p50 / p99 / max", _ms(result["lateness_s"])),
         ("outside fault windows", _ms(result["lateness_outside_windows_s"])),
     ]

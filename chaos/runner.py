@@ -30,7 +30,7 @@ import aiohttp
 
 from chaos.checker import Delivery, Window, check, passed
 from chaos.cluster import LocalCluster
-from chaos.harness import Recorder, iso, until
+from chaos.harness import Recorder, broker_stores, iso, until
 from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
@@ -77,7 +77,11 @@ class Run:
                 filtered = True
         mode = "unfenced" if unfenced else "on" if filtered else "off"
         self.cluster = LocalCluster(
-            data_dir, env={"CHAOS_MODE": mode}, network=network, external=external
+            data_dir,
+            env={"CHAOS_MODE": mode},
+            network=network,
+            external=external,
+            durable_broker=any(step.do == "crash-broker" for step in scenario.steps),
         )
         # Records of earlier runs stay in an external broker's topic.
         self.topic = f"chaos-{self.cluster.database}" if external else "chaos"
@@ -144,12 +148,14 @@ class Run:
             target = self._new_name()
             event["node"] = target
             self._background.append(asyncio.create_task(self._start(target)))
-        elif step.do in ("crash-store", "pause-broker") and self.cluster.external:
+        elif step.do in ("crash-store", "pause-broker", "crash-broker") and self.cluster.external:
             event["skipped"] = "the servers are external: the runner cannot crash or pause them"
         elif step.do == "crash-store":
             await asyncio.to_thread(self.cluster.crash_store, step.lasting)
         elif step.do == "pause-broker":
             await asyncio.to_thread(self.cluster.pause_broker, step.lasting)
+        elif step.do == "crash-broker":
+            await asyncio.to_thread(self.cluster.crash_broker, step.lasting)
         elif step.do == "split":
             halves = self._halves()
             event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
@@ -297,6 +303,18 @@ class Run:
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
 
+    async def _replay(self, seen: int) -> set[str]:
+        """Every schedule id in the topic, read again from the beginning by a
+        fresh reader: a record seen live but gone now was lost by the broker
+        (a crash of a broker that kept it only in memory)."""
+        replay = Recorder(self.cluster.kafka_bootstrap, self.topic)
+        await replay.start()
+        try:
+            await until(lambda: len(replay.records) >= seen, 30, "the replay", strict=False)
+        finally:
+            await replay.stop()
+        return {r[0] for r in replay.records}
+
     async def _faults(self) -> None:
         for step in self.scenario.steps:
             delay = self._started + step.at - time.time()
@@ -309,6 +327,8 @@ class Run:
     async def run(self) -> dict[str, Any]:
         try:
             self.cluster.start_servers()
+            if self.cluster.durable_broker:
+                await broker_stores(self.cluster.kafka_bootstrap, 60)
             await asyncio.gather(
                 *(self._start(self._new_name()) for _ in range(self.scenario.nodes))
             )
@@ -337,6 +357,7 @@ class Run:
             await sampler
             await recorder.stop()
             deliveries = [Delivery(*r) for r in recorder.records]
+            kept = await self._replay(len(recorder.records))
             self.events.sort(key=lambda e: float(e["at"]))
             windows: list[Window] = []
             for event in self.events:
@@ -348,7 +369,9 @@ class Run:
                 start = self._started + event["at"] - 1.0
                 end = start + 1.0 + event["lasting"] + RECOVERY_ALLOWANCE
                 windows.append(Window(event["step"], start, end))
-            result = check(self.accepted, self.cancelled, deliveries, windows, buckets=BUCKETS)
+            result = check(
+                self.accepted, self.cancelled, deliveries, windows, buckets=BUCKETS, kept=kept
+            )
             result.update(
                 scenario=self.scenario.name,
                 unfenced=self.unfenced,
@@ -382,7 +405,7 @@ def render(result: dict[str, Any]) -> str:
         f"lost {result['lost']}, early {result['early']}, "
         f"cancelled but delivered {result['cancelled_delivered']}, "
         f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}), "
-        f"stale claims {result['stale_claims']}",
+        f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}",
         f"network: {result['network']}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",

@@ -16,6 +16,7 @@ A file looks like::
         {"at": 42, "do": "isolate", "target": "random", "for": 12},  # link down
         {"at": 44, "do": "split", "for": 10},             # halves cut apart
         {"at": 45, "do": "crash-store", "for": 5},        # database SIGKILL, restart
+        {"at": 48, "do": "crash-broker", "for": 5},       # Kafka SIGKILL, restart
         {"at": 12, "every": 10, "until": 50, "do": "kill", "target": "random",
          "restart": true}                                 # a node dies every 10 s
       ]
@@ -34,7 +35,8 @@ from typing import Any
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 ACTIONS = (
-    "start", "kill", "stop", "pause", "restart", "isolate", "split", "crash-store", "pause-broker",
+    "start", "kill", "stop", "pause", "restart", "isolate", "split",
+    "crash-store", "pause-broker", "crash-broker",
 )  # fmt: skip
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
@@ -53,6 +55,9 @@ FIELDS: dict[str, set[str]] = {
     # would not do on the embedded Tansu, which keeps topics in memory: it
     # would lose records the scheduler had delivered.)
     "pause-broker": {"for"},
+    # SIGKILL Kafka, restart it after "for" seconds. The run's broker then
+    # keeps its topics in a disk-backed S3 store (chaos/objectstore.py).
+    "crash-broker": {"for"},
 }
 
 
@@ -82,6 +87,8 @@ class Step:
             return f"crash the store for {self.lasting:g} s"
         if self.do == "pause-broker":
             return f"pause the broker for {self.lasting:g} s"
+        if self.do == "crash-broker":
+            return f"crash the broker for {self.lasting:g} s"
         if self.do == "split":
             return f"split the cluster for {self.lasting:g} s"
         what = f"{self.do} {self.target}"

@@ -132,6 +132,14 @@ def test_a_duplicate_under_a_new_token_is_explained_one_under_the_same_claim_is_
     assert result["duplicates_same_claim_ids"] == ["c"]
 
 
+def test_a_record_gone_from_the_topic_at_the_end_vanished() -> None:
+    deliveries = [Delivery("a", 1, 1, 100.1), Delivery("b", 1, 1, 100.2)]
+    assert passed(check({"a": 100.0, "b": 100.0}, set(), deliveries, kept={"a", "b"}))
+    result = check({"a": 100.0, "b": 100.0}, set(), deliveries, kept={"b"})
+    assert not passed(result)
+    assert (result["vanished"], result["vanished_ids"]) == (1, ["a"])
+
+
 def same_bucket_ids(count: int, buckets: int = 256) -> list[str]:
     first = bucket_for("s0", buckets)
     found = [f"s{i}" for i in range(100_000) if bucket_for(f"s{i}", buckets) == first]
