@@ -7,7 +7,11 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
 * duplicates: delivered more than once; each must be explained by a change
   of fencing token (a new owner took over) or a later attempt of the same
   owner, never by two copies under one (token, attempt): that would be two
-  owners claiming with one token, which the fence exists to prevent;
+  owners claiming with one token, which the fence exists to prevent. One
+  exception is explained: copies on both sides of a database crash. Claims
+  and completions are acknowledged before they are journaled (losing one
+  only means delivering again), so the owner may claim the same schedule
+  again with the same token and attempt number;
 * stale claims: a delivery under token t of a schedule that fell due after
   a newer token t' of its bucket had already delivered something. Claims
   take only due schedules, so t claimed it while t' held the bucket: two
@@ -58,19 +62,27 @@ def check(
     *,
     buckets: int = 256,
     kept: set[str] | None = None,
+    store_crashes: Sequence[float] = (),
 ) -> dict[str, Any]:
     """``accepted``: schedule id -> executeAt (epoch seconds); ``buckets``:
     the cluster's bucket count, to tell each schedule's bucket; ``kept``:
-    the ids a fresh reader found in the topic at the end (None: not read)."""
+    the ids a fresh reader found in the topic at the end (None: not read);
+    ``store_crashes``: when the database was killed (epoch seconds)."""
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
     lost = sorted(set(accepted) - cancelled - set(by_id))
     cancelled_delivered = sorted(cancelled & set(by_id))
     duplicates = {i: d for i, d in by_id.items() if len(d) > 1}
-    same_claim = sorted(
-        i for i, d in duplicates.items() if len({(x.token, x.attempt) for x in d}) < len(d)
+    repeated = {
+        i: d for i, d in duplicates.items() if len({(x.token, x.attempt) for x in d}) < len(d)
+    }
+    across_crash = sorted(
+        i
+        for i, d in repeated.items()
+        if any(min(x.at for x in d) <= crash <= max(x.at for x in d) for crash in store_crashes)
     )
+    same_claim = sorted(set(repeated) - set(across_crash))
     lateness: list[tuple[float, float]] = []  # (executeAt, lateness)
     early: list[str] = []
     for schedule_id, execute_at in accepted.items():
@@ -94,6 +106,7 @@ def check(
         "early_ids": sorted(early)[:20],
         "duplicates": len(duplicates),
         "duplicates_same_claim": len(same_claim),
+        "duplicates_across_store_crash": len(across_crash),
         "duplicates_same_claim_ids": same_claim[:20],
         "vanished": len(vanished),
         "vanished_ids": vanished[:20],

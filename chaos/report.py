@@ -40,8 +40,9 @@ def render_html(result: dict[str, Any]) -> str:
         ("early", result["early"]),
         ("cancelled but delivered", result["cancelled_delivered"]),
         (
-            "duplicates (under one claim)",
-            f"{result['duplicates']} ({result['duplicates_same_claim']})",
+            "duplicates (under one claim; across a database crash)",
+            f"{result['duplicates']} ({result['duplicates_same_claim']}; "
+            f"{result['duplicates_across_store_crash']})",
         ),
         ("stale claims (two owners at once)", result["stale_claims"]),
         ("gone from the topic by the end", result["vanished"]),

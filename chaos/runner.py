@@ -370,7 +370,17 @@ class Run:
                 end = start + 1.0 + event["lasting"] + RECOVERY_ALLOWANCE
                 windows.append(Window(event["step"], start, end))
             result = check(
-                self.accepted, self.cancelled, deliveries, windows, buckets=BUCKETS, kept=kept
+                self.accepted,
+                self.cancelled,
+                deliveries,
+                windows,
+                buckets=BUCKETS,
+                kept=kept,
+                store_crashes=[
+                    self._started + e["at"]
+                    for e in self.events
+                    if e["step"].startswith("crash the store")
+                ],
             )
             result.update(
                 scenario=self.scenario.name,
@@ -404,7 +414,8 @@ def render(result: dict[str, Any]) -> str:
         f"{result['delivered']} delivered",
         f"lost {result['lost']}, early {result['early']}, "
         f"cancelled but delivered {result['cancelled_delivered']}, "
-        f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}), "
+        f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}, "
+        f"across a database crash: {result['duplicates_across_store_crash']}), "
         f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}",
         f"network: {result['network']}",
         f"lateness overall: {ms(result['lateness_s'])}",

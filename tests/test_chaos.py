@@ -132,6 +132,17 @@ def test_a_duplicate_under_a_new_token_is_explained_one_under_the_same_claim_is_
     assert result["duplicates_same_claim_ids"] == ["c"]
 
 
+def test_one_claim_delivered_on_both_sides_of_a_database_crash_is_explained() -> None:
+    # The claim's acknowledgement was lost with the database: the owner
+    # claims again, same token, same attempt number.
+    twice = [Delivery("c", 5, 1, 100.1), Delivery("c", 5, 1, 104.0)]
+    result = check({"c": 100.0}, set(), twice, store_crashes=[101.0])
+    assert passed(result)
+    assert (result["duplicates_across_store_crash"], result["duplicates_same_claim"]) == (1, 0)
+    # A crash before both copies explains nothing.
+    assert not passed(check({"c": 100.0}, set(), twice, store_crashes=[99.0]))
+
+
 def test_a_record_gone_from_the_topic_at_the_end_vanished() -> None:
     deliveries = [Delivery("a", 1, 1, 100.1), Delivery("b", 1, 1, 100.2)]
     assert passed(check({"a": 100.0, "b": 100.0}, set(), deliveries, kept={"a", "b"}))
