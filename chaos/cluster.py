@@ -270,20 +270,22 @@ class LocalCluster:
         if self.network is not None:
             return self.network.kind + ": a partition cuts links"
         return (
-            "in-process gossip filter (network namespaces unavailable): "
-            "gossip is cut, links to the database and the broker are not"
+            "in-process gossip filter: gossip is cut, links to the database and the broker are not"
         )
 
-    def partition(self, groups: list[set[str]], *, isolate: str | None = None) -> None:
+    def partition(self, groups: list[set[str]], *, isolate: str | None = None) -> list[str]:
         """Cut every path between nodes of different groups. ``isolate``: cut
-        that node off everything instead (its link goes down)."""
+        that node off everything instead (its link goes down). Returns the
+        nodes the gossip filter could not be set on (paused, or starting):
+        the others' filters still cut their side of each path."""
         if self.network is not None:
             if isolate is not None:
                 self.network.isolate(isolate)
             else:
                 self.network.split(groups)
-            return
+            return []
         side = {name: i for i, group in enumerate(groups) for name in group}
+        unreached = []
         for node in self.nodes.values():
             if node.alive and node.name in side:
                 blocked = [
@@ -291,25 +293,28 @@ class LocalCluster:
                     for other in self.nodes.values()
                     if other.name in side and side[other.name] != side[node.name]
                 ]
-                self._block_gossip(node, blocked)
+                if not self._block_gossip(node, blocked):
+                    unreached.append(node.name)
+        return unreached
 
-    def heal(self) -> None:
+    def heal(self) -> list[str]:
         if self.network is not None:
             self.network.heal()
-            return
-        for node in self.nodes.values():
-            if node.alive:
-                self._block_gossip(node, [])
+            return []
+        return [n.name for n in self.nodes.values() if n.alive and not self._block_gossip(n, [])]
 
-    def _block_gossip(self, node: NodeProcess, addresses: list[str]) -> None:
+    def _block_gossip(self, node: NodeProcess, addresses: list[str]) -> bool:
         request = urllib.request.Request(
             node.url + "/v1/chaos/partition",
             data=json.dumps({"blocked": addresses}).encode(),
             method="PUT",
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=5):
-            pass
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return True
+        except OSError:  # paused, or not listening yet
+            return False
 
     def stop_node(self, name: str, grace: float = 30) -> int:
         return embedded.stop(self.nodes[name].process, timeout=grace)

@@ -94,6 +94,7 @@ class Run:
         self.ready: set[str] = set()
         self.paused: set[str] = set()
         self.isolated: set[str] = set()
+        self._partitions = 0  # in force now
         self.accepted: dict[str, float] = {}
         self.cancelled: set[str] = set()
         self.refusals: Counter[str] = Counter()
@@ -159,7 +160,9 @@ class Run:
         elif step.do == "split":
             halves = self._halves()
             event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
-            await asyncio.to_thread(self.cluster.partition, halves)
+            unreached = await asyncio.to_thread(self.cluster.partition, halves)
+            if unreached:
+                event["filter_not_set_on"] = unreached
             self._background.append(asyncio.create_task(self._heal_later(step)))
         elif target is None:
             event["skipped"] = "no such running node (or only one left)"
@@ -182,7 +185,11 @@ class Run:
         elif step.do == "isolate":
             self.isolated.add(target)
             others = {n for n in self.cluster.nodes if n != target}
-            await asyncio.to_thread(self.cluster.partition, [{target}, others], isolate=target)
+            unreached = await asyncio.to_thread(
+                self.cluster.partition, [{target}, others], isolate=target
+            )
+            if unreached:
+                event["filter_not_set_on"] = unreached
             self._background.append(asyncio.create_task(self._heal_later(step)))
 
         event.setdefault("node", target)
@@ -197,6 +204,9 @@ class Run:
         await asyncio.sleep(step.lasting)
         self.cluster.resume(name)
         self.paused.discard(name)
+        if self.cluster.network is None and not self._partitions:
+            # A gossip filter that a heal could not clear while it slept.
+            await asyncio.to_thread(self.cluster.heal)
         # The zombie wakes up believing it still owns its buckets: the fence
         # must reject its writes, and the cluster must take it back in.
         event = {"at": round(time.time() - self._started, 2), "step": "resume", "node": name}
@@ -204,10 +214,18 @@ class Run:
         await self._time_to_settle(event)
 
     async def _heal_later(self, step: Step) -> None:
+        self._partitions += 1
         await asyncio.sleep(step.lasting)
-        await asyncio.to_thread(self.cluster.heal)
+        self._partitions -= 1
+        unreached = await asyncio.to_thread(self.cluster.heal)
         self.isolated.clear()
-        event = {"at": round(time.time() - self._started, 2), "step": "heal", "node": None}
+        event: dict[str, Any] = {
+            "at": round(time.time() - self._started, 2),
+            "step": "heal",
+            "node": None,
+        }
+        if unreached:
+            event["filter_not_set_on"] = unreached
         self.events.append(event)
         await self._time_to_settle(event)
 
@@ -430,6 +448,8 @@ def render(result: dict[str, Any]) -> str:
             line += f"  (not timed: {event['skipped_settle']})"
         else:
             line += f"  settled after {settled} s" if settled is not None else "  did not settle"
+        if event.get("filter_not_set_on"):
+            line += f"  (gossip filter not set on {', '.join(event['filter_not_set_on'])})"
         lines.append(line)
         if "window" in event:
             window = result["windows"][event["window"]]
