@@ -1,0 +1,144 @@
+"""The deployment files, checked offline (no Docker engine, no cluster here):
+the compose file against the compose-spec schema, the Kubernetes manifests
+against the bundled Kubernetes schemas (strict: no unknown field), and both
+against the node itself: every setting they pass exists, the probes hit real
+routes, the ports are the ones the node binds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from node import config as node_config
+from node.api import build_app
+from node.service import Node
+
+DOCKER = Path(__file__).parent.parent / "docker"
+K8S = DOCKER / "k8s"
+KUBERNETES = "1.37.0"
+SETTINGS = {s.env for s in node_config.SETTINGS}
+
+
+def manifests() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs.extend((path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return docs
+
+
+def by_kind(kind: str) -> dict[str, Any]:
+    [doc] = [doc for _, doc in manifests() if doc["kind"] == kind]
+    return doc
+
+
+def compose_valid(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", path],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+# -- compose ----------------------------------------------------------------------
+
+
+def test_the_compose_file_follows_the_compose_spec_and_a_typo_would_not(tmp_path: Path) -> None:
+    assert compose_valid(DOCKER / "compose.yaml").returncode == 0
+    broken = tmp_path / "compose.yaml"
+    broken.write_text((DOCKER / "compose.yaml").read_text().replace("healthcheck:", "helthcheck:"))
+    result = compose_valid(broken)
+    assert result.returncode != 0 and "helthcheck" in result.stdout
+
+
+def test_compose_runs_three_nodes_that_find_each_other_by_one_name() -> None:
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    nodes = {name: s for name, s in services.items() if name.startswith("scheduler-")}
+    assert len(nodes) == 3
+    assert len({s["environment"]["NODE_ID"] for s in nodes.values()}) == 3
+    seed_host = nodes["scheduler-1"]["environment"]["SEEDS"].split(":")[0]
+    for service in nodes.values():
+        assert seed_host in service["networks"]["default"]["aliases"]
+        assert set(service["environment"]) <= SETTINGS
+        assert service["depends_on"]["mongo"]["condition"] == "service_healthy"
+    # Majority writes and transactions need a replica set; Kafka without ZooKeeper.
+    assert "--replSet" in services["mongo"]["command"]
+    assert "replicaSet=rs0" in nodes["scheduler-1"]["environment"]["MONGO_URI"]
+    assert "controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]
+    prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    [job] = prometheus["scrape_configs"]
+    assert job["dns_sd_configs"][0]["names"] == [seed_host]
+
+
+# -- Kubernetes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "doc"), manifests(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_every_manifest_is_valid_kubernetes(name: str, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_strict_validation_catches_a_misplaced_field() -> None:
+    statefulset = by_kind("StatefulSet")
+    statefulset["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(statefulset, KUBERNETES, strict=True)
+
+
+def test_kustomization_applies_everything_but_the_example_secret() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    names = {name for name, _ in manifests()}
+    assert set(kustomization["resources"]) == names - {"secret.example.yaml"}
+
+
+def test_the_pods_get_only_settings_the_node_knows() -> None:
+    container = by_kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    given = {e["name"] for e in container["env"]}
+    given |= set(by_kind("ConfigMap")["data"]) | set(by_kind("Secret")["stringData"])
+    assert given <= SETTINGS, given - SETTINGS
+    assert {"NODE_ID", "ADVERTISE_HOST", "SEEDS", "MONGO_URI", "KAFKA_BOOTSTRAP"} <= given
+    # The seed is the headless Service, which must list pods before they are ready.
+    gossip = by_kind("ConfigMap")["data"]["SEEDS"].split(":")[0]
+    services = {d["metadata"]["name"]: d for _, d in manifests() if d["kind"] == "Service"}
+    assert services[gossip]["spec"]["clusterIP"] == "None"
+    assert services[gossip]["spec"]["publishNotReadyAddresses"] is True
+    assert by_kind("StatefulSet")["spec"]["serviceName"] == gossip
+
+
+def test_probes_ports_and_image_match_the_node() -> None:
+    defaults = {s.env: s.default for s in node_config.SETTINGS}
+    http_port = int(defaults["HTTP_BIND"].rsplit(":", 1)[1])
+    gossip_port = int(defaults["GOSSIP_BIND"].rsplit(":", 1)[1])
+    pod = by_kind("StatefulSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    ports = {(p["containerPort"], p["protocol"]) for p in container["ports"]}
+    assert ports == {(http_port, "TCP"), (gossip_port, "UDP"), (gossip_port, "TCP")}
+
+    config = node_config.load({"node_id": "probe", "mongo_uri": "mongodb://127.0.0.1:1/"}, {})
+    routes = {r.resource.canonical for r in build_app(Node(config)).router.routes() if r.resource}
+    probes = [container[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe")]
+    probes.append(container["readinessProbe"]["httpGet"]["path"])
+    assert set(probes) <= routes and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    exposed = set(re.findall(r"(\d+)/(tcp|udp)", dockerfile.split("EXPOSE", 1)[1].splitlines()[0]))
+    assert exposed == {
+        (str(http_port), "tcp"),
+        (str(gossip_port), "udp"),
+        (str(gossip_port), "tcp"),
+    }
+    assert re.search(r"^USER (?!root)\S+", dockerfile, re.M)
+    assert "/healthz" in dockerfile.split("HEALTHCHECK", 1)[1]
