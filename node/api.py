@@ -9,6 +9,7 @@ import binascii
 import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -29,6 +30,7 @@ MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 # Room for the JSON around the payload and for base64's 4/3 expansion.
 BODY_OVERHEAD = 64 * 1024
+CLUSTER_PAGE = (resources.files("node") / "static" / "cluster.html").read_text(encoding="utf-8")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -209,6 +211,16 @@ async def cluster_view(request: web.Request) -> web.Response:
     return json_response(await request.app[NODE_KEY].cluster_view())
 
 
+async def cluster_backlog(request: web.Request) -> web.Response:
+    return json_response(await request.app[NODE_KEY].backlog())
+
+
+async def cluster_page(request: web.Request) -> web.Response:
+    """Members, bucket ownership, leases, backlog and lateness, refreshing
+    every second: plain HTML and a small script over the JSON API."""
+    return web.Response(text=CLUSTER_PAGE, content_type="text/html", charset="utf-8")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok", "node": request.app[NODE_KEY].config.node_id})
 
@@ -236,7 +248,9 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_get("/v1/schedules/{schedule_id}", get_schedule)
     app.router.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
+    app.router.add_get("/", cluster_page)
     app.router.add_get("/v1/cluster", cluster_view)
+    app.router.add_get("/v1/cluster/backlog", cluster_backlog)
     app.router.add_post("/v1/internal/wake", wake)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,13 +44,15 @@ log = structlog.get_logger("node.service")
 STARTUP_RETRY_MAX = 5.0  # seconds between attempts to reach the store or broker
 READINESS_TIMEOUT = 1.0
 STOP_GRACE = 10.0
-LEAVE_GRACE = 2.0  # at most this long to get our Left out before shutting down
+LEAVE_GRACE = 2.0
+BACKLOG_CACHE_SECONDS = 1.0  # at most this long to get our Left out before shutting down
 
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.metrics = NodeMetrics()
+        self._backlog: tuple[float, dict[str, Any]] | None = None
         self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             config.mongo_uri,
             tz_aware=True,
@@ -278,6 +281,22 @@ class Node:
             "store": store_ok,
             "broker": await self.publisher.reachable(),
         }
+
+    async def backlog(self) -> dict[str, Any]:
+        """Due-now schedules per bucket, for the cluster page. Cached for a
+        second: several open pages cost one query a second, not one each."""
+        now = time.monotonic()
+        if self._backlog is None or now - self._backlog[0] >= BACKLOG_CACHE_SECONDS:
+            due = await self.store.due_backlog(utcnow())
+            self._backlog = (
+                now,
+                {
+                    "at": utcnow().isoformat(),
+                    "total": sum(due.values()),
+                    "dueNow": {str(b): n for b, n in sorted(due.items())},
+                },
+            )
+        return self._backlog[1]
 
     async def cluster_view(self) -> dict[str, Any]:
         leases = (

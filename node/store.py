@@ -197,6 +197,19 @@ class ScheduleStore:
     async def ping(self) -> None:
         await self.database.command("ping")
 
+    async def due_backlog(self, now: datetime) -> dict[int, int]:
+        """bucket -> PENDING schedules already due: work not yet delivered.
+        Served by the partial due index; its cost grows with the backlog."""
+        groups = await (
+            await self.schedules.aggregate(
+                [
+                    {"$match": {"status": Status.PENDING.value, "dueAt": {"$lte": now}}},
+                    {"$group": {"_id": "$bucket", "due": {"$sum": 1}}},
+                ]
+            )
+        ).to_list()
+        return {int(g["_id"]): int(g["due"]) for g in groups}
+
     # -- the API's reads and writes -------------------------------------------
 
     async def insert(self, new: NewSchedule, now: datetime) -> tuple[dict[str, Any], bool]:

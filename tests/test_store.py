@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -122,3 +122,20 @@ async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:
     await mongo.schedules.update_one({"_id": doc["_id"]}, {"$set": {"token": 9}})
     assert await ScheduleStore(mongo, 16).mark_delivered([claimed], now) == 0
     assert await ScheduleStore(mongo, 16, unfenced=True).mark_delivered([claimed], now) == 1
+
+
+async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo: Any) -> None:
+    store = ScheduleStore(mongo, 16)
+    await store.prepare(datetime.now(UTC))
+    now = datetime.now(UTC).replace(microsecond=0)
+    past, future = now - timedelta(seconds=5), now + timedelta(hours=1)
+    docs = [
+        {"_id": "b1", "bucket": 1, "status": "PENDING", "dueAt": past},
+        {"_id": "b2", "bucket": 1, "status": "PENDING", "dueAt": past},
+        {"_id": "b3", "bucket": 2, "status": "PENDING", "dueAt": past},
+        {"_id": "b4", "bucket": 2, "status": "PENDING", "dueAt": future},
+        {"_id": "b5", "bucket": 3, "status": "DELIVERED", "dueAt": past},
+        {"_id": "b6", "bucket": 3, "status": "IN_FLIGHT", "dueAt": past},
+    ]
+    await mongo.schedules.insert_many(docs)
+    assert await store.due_backlog(now) == {1: 2, 2: 1}

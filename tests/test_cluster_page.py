@@ -1,0 +1,80 @@
+"""The cluster page every node serves at /, in a real headless browser
+(Debian's Chromium, driven by Playwright) against three real node processes:
+it shows the three members and the bucket ownership, and follows a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+
+from chaos.cluster import LocalCluster
+from chaos.harness import until
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no Chromium on this machine: `make test` installs the distribution's "
+        "package (apt-get install chromium) where it runs as root with apt",
+    ),
+]
+WAIT_MS = 60_000  # a hang guard, far above what a healthy run needs
+
+
+async def test_the_page_shows_three_members_and_follows_a_kill(tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    cluster = LocalCluster(tmp_path)
+    try:
+        cluster.start_servers()
+        names = ["node-1", "node-2", "node-3"]
+        for name in names:
+            cluster.start_node(name)
+        await asyncio.gather(*(asyncio.to_thread(cluster.wait_ready, n) for n in names))
+        await until(cluster.settled, 90, "the three nodes to settle")
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            await page.goto(cluster.nodes["node-1"].url + "/")
+
+            await page.wait_for_function(
+                "document.querySelectorAll('#members tr[data-state=alive]').length === 3",
+                timeout=WAIT_MS,
+            )
+            assert await page.locator("#self").text_content() == "node-1"
+            assert await page.locator("#buckets div").count() == 256
+            held = await page.eval_on_selector_all(
+                "#members tr", "rows => rows.map(r => Number(r.children[4].textContent))"
+            )
+            assert len(held) == 3 and sum(held) == 256 and min(held) > 0
+            owners = await page.eval_on_selector_all(
+                "#buckets div", "cells => new Set(cells.map(c => c.style.background)).size"
+            )
+            assert owners == 3
+            assert "schedules" in (await page.locator("#backlog-total").text_content() or "")
+
+            cluster.kill("node-3")
+            # The page refreshes by itself: node-3 leaves the alive set, and
+            # its buckets go to the other two.
+            await page.wait_for_function(
+                "document.querySelector('#members tr[data-member=\"node-3\"]')"
+                "?.dataset.state !== 'alive'",
+                timeout=WAIT_MS,
+            )
+            await page.wait_for_function(
+                "[...document.querySelectorAll('#buckets div')]"
+                ".every(c => !c.title.includes('node-3'))",
+                timeout=WAIT_MS,
+            )
+            assert errors == []
+            await browser.close()
+    finally:
+        cluster.close()
