@@ -211,6 +211,14 @@ async def cluster_view(request: web.Request) -> web.Response:
     return json_response(await request.app[NODE_KEY].cluster_view())
 
 
+async def drain(request: web.Request) -> web.Response:
+    """Graceful leave without exiting (operators: before maintenance)."""
+    node = request.app[NODE_KEY]
+    if not await node.drain():
+        raise ApiError(409, "conflict", f"node is {node.state}, not running: nothing to drain")
+    return json_response({"node": node.config.node_id, "state": node.state})
+
+
 async def cluster_backlog(request: web.Request) -> web.Response:
     return json_response(await request.app[NODE_KEY].backlog())
 
@@ -252,6 +260,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/v1/cluster", cluster_view)
     app.router.add_get("/v1/cluster/backlog", cluster_backlog)
     app.router.add_post("/v1/internal/wake", wake)
+    app.router.add_post("/v1/admin/drain", drain)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -1,4 +1,4 @@
-"""``python -m node {run,dev,tail}``."""
+"""``python -m node {run,dev,tail,ctl}``."""
 
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail.add_argument("--count", type=int, default=None, help="exit after this many records")
     tail.add_argument("--idle-timeout", type=float, default=None, help="exit after idle seconds")
+
+    from node import ctl
+
+    ctl.add_arguments(
+        commands.add_parser(
+            "ctl",
+            help="operate a cluster over the HTTP API",
+            description="members, bucket owners, schedule/get/cancel, drain",
+        )
+    )
     return parser
 
 
@@ -97,4 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         return 130
+    if args.command == "ctl":
+        from node import ctl
+
+        return ctl.run(args)
     raise AssertionError(args.command)

@@ -206,9 +206,24 @@ class Node:
         sockets = getattr(server, "sockets", None) or []
         return int(sockets[0].getsockname()[1]) if sockets else int(site._port or 0)
 
+    async def drain(self) -> bool:
+        """Graceful leave without exiting: finish the batch in flight, hand
+        every lease over, leave the cluster, and stop gossiping. The API
+        keeps answering (any node accepts schedules); readiness turns false.
+        False when the node is not running (starting, draining or stopping)."""
+        if self.state != "running":
+            return False
+        self.state = "draining"
+        log.info("node draining")
+        await self._hand_over()
+        self.state = "drained"
+        log.info("node drained: no buckets, out of the cluster; the API still answers")
+        return True
+
     async def stop(self) -> None:
         if self.state in {"stopping", "stopped"}:
             return
+        drained = self.state == "drained"
         self.state = "stopping"
         log.info("node leaving")
         # Graceful leave (DESIGN.md): stop taking calls, finish the batch in
@@ -216,6 +231,16 @@ class Node:
         # next owners find the buckets free and need not wait for expiry.
         if self._runner is not None:
             await self._runner.cleanup()
+        if not drained:
+            await self._hand_over()
+        await self.hints.close()
+        await self.publisher.stop()
+        await self.client.close()
+        self.state = "stopped"
+        log.info("node stopped")
+
+    async def _hand_over(self) -> None:
+        """Stop the work loops, release every lease, leave the cluster."""
         self.ownership.stop()
         self.poller.stop()
         if self._tasks:
@@ -228,13 +253,7 @@ class Node:
             log.warning("could not release leases; they will expire", error=str(exc))
         if self.membership is not None:
             await self.membership.leave(grace=LEAVE_GRACE)
-        await self.hints.close()
-        await self.publisher.stop()
-        await self.client.close()
-        if self.membership is not None:
             await self.membership.stop()
-        self.state = "stopped"
-        log.info("node stopped")
 
     # -- wake-up hints --------------------------------------------------------------
 
