@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from membership.messages import State
 from membership.service import Membership
+from node.leases import LeaseManager
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -116,8 +117,30 @@ class NodeMetrics:
     def watch_membership(self, membership: Membership) -> None:
         self.registry.register(MembershipCollector(membership))
 
+    def watch_leases(self, leases: LeaseManager) -> None:
+        self.registry.register(LeaseCollector(leases))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LeaseCollector(Collector):
+    """One series per bucket this node holds: its lease token. Summed over
+    the cluster by bucket, it shows each bucket's owner count (1, or 2 for a
+    moment during a hand-over); by instance, what each node holds."""
+
+    def __init__(self, leases: LeaseManager) -> None:
+        self.leases = leases
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        tokens = GaugeMetricFamily(
+            "scheduler_bucket_lease_token",
+            "Fencing token of each bucket lease this node holds, by bucket",
+            labels=["bucket"],
+        )
+        for bucket, lease in sorted(self.leases.held.items()):
+            tokens.add_metric([str(bucket)], lease.token)
+        yield tokens
 
 
 class MembershipCollector(Collector):
@@ -164,9 +187,11 @@ class MembershipCollector(Collector):
             yield family
         dropped = CounterMetricFamily(
             "scheduler_gossip_dropped_packets",
-            "Gossip packets dropped by reason (too_large, truncated, version, mac, malformed)",
+            "Gossip packets dropped by reason (too_large, truncated, version, mac, malformed, "
+            "stream_error; partitioned: chaos mode's filter)",
             labels=["reason"],
         )
-        for reason in ("too_large", "truncated", "version", "mac", "malformed", "stream_error"):
+        reasons = ("too_large", "truncated", "version", "mac", "malformed", "stream_error")
+        for reason in (*reasons, "partitioned"):
             dropped.add_metric([reason], transport.dropped[reason])
         yield dropped

@@ -293,7 +293,11 @@ class BucketPoller:
         for failure, err in zip(failures, results, strict=True):
             if err is not None:
                 log.error(
-                    "dead-letter publish failed", schedule_id=failure.claimed.id, error=str(err)
+                    "dead-letter publish failed",
+                    schedule_id=failure.claimed.id,
+                    bucket=failure.claimed.bucket,
+                    token=failure.claimed.token,
+                    error=str(err),
                 )
 
 

@@ -70,6 +70,7 @@ class Node:
             config.lease_ttl,
             unfenced=unfenced,
         )
+        self.metrics.watch_leases(self.leases)
         self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
         self.poller = BucketPoller(
             self.store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -213,6 +214,12 @@ async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
     assert me["placementVersion"] == PLACEMENT_VERSION
     assert cluster["buckets"]["placementVersion"] == PLACEMENT_VERSION
     assert cluster["buckets"]["count"] == 16
+    # One lease-token series per bucket held, matching the store's tokens.
+    _, text = await api.request("GET", "/metrics")
+    tokens = dict(re.findall(r'^scheduler_bucket_lease_token\{bucket="(\d+)"\} (\S+)$', text, re.M))
+    assert {int(b): float(t) for b, t in tokens.items()} == {
+        o["bucket"]: float(o["token"]) for o in cluster["buckets"]["owners"]
+    }
     owners = cluster["buckets"]["owners"]
     assert [o["bucket"] for o in owners] == list(range(16))
     assert {o["owner"] for o in owners} == {"node-a"}

@@ -19,6 +19,7 @@ import yaml
 from node import config as node_config
 from node.api import build_app
 from node.service import Node
+from tests.conftest import NodeFactory
 
 DOCKER = Path(__file__).parent.parent / "docker"
 K8S = DOCKER / "k8s"
@@ -142,3 +143,32 @@ def test_probes_ports_and_image_match_the_node() -> None:
     }
     assert re.search(r"^USER (?!root)\S+", dockerfile, re.M)
     assert "/healthz" in dockerfile.split("HEALTHCHECK", 1)[1]
+
+
+# -- Grafana ------------------------------------------------------------------------
+
+
+async def test_every_metric_the_dashboard_queries_is_one_a_node_exposes(
+    start_node: NodeFactory,
+) -> None:
+    import json
+
+    dashboard = json.loads((DOCKER / "grafana-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bscheduler_[a-z_]+", target["expr"])
+    }
+    assert len(queried) >= 10
+    handle = await start_node()
+    status, text = await handle.request("GET", "/metrics")
+    assert status == 200
+    # Declared families (a labelled one has no sample before its first event).
+    declared = set(re.findall(r"^# TYPE (scheduler_[a-z_]+) ", text, re.M))
+    missing = {
+        name
+        for name in queried
+        if name not in declared and re.sub(r"_(bucket|total|count|sum)$", "", name) not in declared
+    }
+    assert not missing, missing
