@@ -102,6 +102,7 @@ async def create_schedule(request: web.Request) -> web.Response:
             "schedule accepted",
             schedule_id=doc["_id"],
             bucket=doc["bucket"],
+            token=doc.get("token", 0),
             topic=doc["topic"],
         )
     return json_response(public_view(doc), status=201 if created else 200)
@@ -135,7 +136,12 @@ async def cancel_schedule(request: web.Request) -> web.Response:
     if doc is None:
         raise ApiError(404, "not_found", f"no schedule {_schedule_id(request)!r}")
     node.metrics.schedules_cancelled.inc()
-    log.info("schedule cancelled", schedule_id=doc["_id"], bucket=doc["bucket"])
+    log.info(
+        "schedule cancelled",
+        schedule_id=doc["_id"],
+        bucket=doc["bucket"],
+        token=doc.get("token", 0),
+    )
     return json_response(public_view(doc))
 
 

@@ -257,6 +257,14 @@ class BucketPoller:
             for c in delivered:
                 lateness = (done_at - _aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
+                log.debug(
+                    "schedule delivered",
+                    schedule_id=c.id,
+                    bucket=c.bucket,
+                    token=c.token,
+                    attempt=c.attempt,
+                    lateness_s=round(max(lateness, 0.0), 4),
+                )
         if failures:
             await self._fail(failures, done_at)
 

@@ -224,3 +224,30 @@ async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
     assert [o["bucket"] for o in owners] == list(range(16))
     assert {o["owner"] for o in owners} == {"node-a"}
     assert all(o["token"] >= 1 for o in owners)
+
+
+async def test_every_log_line_about_a_schedule_names_its_id_bucket_and_token(
+    api: NodeHandle,
+) -> None:
+    import structlog
+
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    with structlog.testing.capture_logs() as logs:
+        await api.request("POST", "/v1/schedules", json=schedule(id="log-due", executeAt=now))
+        await api.request("POST", "/v1/schedules", json=schedule(id="log-cancel"))
+        await api.request("DELETE", "/v1/schedules/log-cancel")
+
+        async def delivered() -> bool:
+            return (await api.request("GET", "/v1/schedules/log-due"))[1]["status"] == "DELIVERED"
+
+        await wait_until(delivered, what="the due schedule to be delivered")
+    about = [entry for entry in logs if "schedule_id" in entry]
+    events = {(e["event"], e["schedule_id"]) for e in about}
+    assert {
+        ("schedule accepted", "log-due"),
+        ("schedule delivered", "log-due"),
+        ("schedule cancelled", "log-cancel"),
+    } <= events
+    assert all({"bucket", "token"} <= set(entry) for entry in about), about
+    [done] = [e for e in about if e["event"] == "schedule delivered"]
+    assert done["token"] > 0 and done["attempt"] == 1
