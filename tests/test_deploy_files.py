@@ -81,6 +81,20 @@ def test_compose_runs_three_nodes_that_find_each_other_by_one_name() -> None:
     assert job["dns_sd_configs"][0]["names"] == [seed_host]
 
 
+# -- the image ----------------------------------------------------------------------
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run(
+        [str(hadolint), "--failure-threshold", "info", "--no-color", str(DOCKER / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # -- Kubernetes ---------------------------------------------------------------------
 
 
@@ -141,7 +155,7 @@ def test_probes_ports_and_image_match_the_node() -> None:
         (str(gossip_port), "udp"),
         (str(gossip_port), "tcp"),
     }
-    assert re.search(r"^USER (?!root)\S+", dockerfile, re.M)
+    assert re.search(r"^USER (?!root|0\b)\S+", dockerfile, re.M)
     assert "/healthz" in dockerfile.split("HEALTHCHECK", 1)[1]
 
 
