@@ -147,6 +147,13 @@ def test_probes_ports_and_image_match_the_node() -> None:
     probes.append(container["readinessProbe"]["httpGet"]["path"])
     assert set(probes) <= routes and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # preStop drains the node through its own API before SIGTERM.
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python", "-c"]
+    compile(command[2], "preStop", "exec")  # the image has Python and nothing else
+    pre_stop = command[2]
+    drain = re.search(r"http://127\.0\.0\.1:(\d+)(/v1/admin/drain)", pre_stop)
+    assert drain and int(drain[1]) == http_port and drain[2] in routes
 
     dockerfile = (DOCKER / "Dockerfile").read_text()
     exposed = set(re.findall(r"(\d+)/(tcp|udp)", dockerfile.split("EXPOSE", 1)[1].splitlines()[0]))
