@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from importlib import resources
@@ -17,7 +19,16 @@ from aiohttp import web
 from pymongo.errors import PyMongoError
 
 from node.errors import ApiError, ValidationFailed
-from node.schedules import Limits, Status, parse_new_schedule, parse_time, public_view
+from node.schedules import (
+    Limits,
+    NewSchedule,
+    Status,
+    parse_json,
+    parse_new_schedule,
+    parse_schedule_object,
+    parse_time,
+    public_view,
+)
 from node.store import utcnow
 
 if TYPE_CHECKING:
@@ -30,6 +41,8 @@ MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 # Room for the JSON around the payload and for base64's 4/3 expansion.
 BODY_OVERHEAD = 64 * 1024
+MAX_BATCH = 1000
+BATCH_BODY_LIMIT = 16 * 1024 * 1024
 CLUSTER_PAGE = (resources.files("node") / "static" / "cluster.html").read_text(encoding="utf-8")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -85,37 +98,100 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         node.metrics.http_requests.labels(route, request.method, str(status)).inc()
 
 
-async def create_schedule(request: web.Request) -> web.Response:
-    node = request.app[NODE_KEY]
-    limits = Limits(
+def _limits(node: Node) -> Limits:
+    return Limits(
         max_payload_bytes=node.config.max_payload_bytes,
         horizon=timedelta(seconds=node.config.horizon),
     )
-    body = await _read_body(request, node.config.max_payload_bytes)
+
+
+def _accepted(node: Node, doc: dict[str, Any]) -> None:
+    node.metrics.schedules_created.inc()
+    node.schedule_accepted(doc)
+    log.info(
+        "schedule accepted",
+        schedule_id=doc["_id"],
+        bucket=doc["bucket"],
+        token=doc.get("token", 0),
+        topic=doc["topic"],
+    )
+
+
+async def create_schedule(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    body = await _read_body(request, node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD)
     now = utcnow()
-    new = parse_new_schedule(body, limits, now)
+    new = parse_new_schedule(body, _limits(node), now)
     doc, created = await node.store.insert(new, now)
     if created:
-        node.metrics.schedules_created.inc()
-        node.schedule_accepted(doc)
-        log.info(
-            "schedule accepted",
-            schedule_id=doc["_id"],
-            bucket=doc["bucket"],
-            token=doc.get("token", 0),
-            topic=doc["topic"],
-        )
+        _accepted(node, doc)
     return json_response(public_view(doc), status=201 if created else 200)
 
 
-async def _read_body(request: web.Request, max_payload: int) -> bytes:
-    limit = max_payload * 4 // 3 + BODY_OVERHEAD
+async def create_batch(request: web.Request) -> web.Response:
+    """Up to MAX_BATCH schedules in one call, each validated and answered on
+    its own (not all or nothing): an item's status is what a single POST of
+    it would have answered. The inserts share round trips (group commit)."""
+    node = request.app[NODE_KEY]
+    data = parse_json(await _read_body(request, BATCH_BODY_LIMIT))
+    items = data.get("schedules") if isinstance(data, dict) else None
+    if not isinstance(items, list) or set(data) != {"schedules"}:
+        raise ValidationFailed('body must be {"schedules": [schedule, ...]}', "schedules")
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise ValidationFailed(
+            f"schedules must hold 1 to {MAX_BATCH} items, got {len(items)}", "schedules"
+        )
+    now = utcnow()
+    limits = _limits(node)
+    results: list[dict[str, Any]] = [{} for _ in items]
+    valid: list[tuple[int, NewSchedule]] = []
+    for index, item in enumerate(items):
+        try:
+            valid.append((index, parse_schedule_object(item, limits, now)))
+        except ApiError as exc:
+            results[index] = {"index": index, "status": exc.status, **exc.body()}
+    outcomes = await asyncio.gather(
+        *(node.store.insert(new, now) for _, new in valid), return_exceptions=True
+    )
+    for (index, _new), outcome in zip(valid, outcomes, strict=True):
+        if isinstance(outcome, ApiError):
+            results[index] = {"index": index, "status": outcome.status, **outcome.body()}
+        elif isinstance(outcome, PyMongoError):
+            log.warning("store unavailable", error=str(outcome), path=request.path)
+            unavailable = ApiError(503, "store_unavailable", "the store did not answer; retry")
+            results[index] = {"index": index, "status": 503, **unavailable.body()}
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            doc, created = outcome
+            if created:
+                _accepted(node, doc)
+            results[index] = {
+                "index": index,
+                "status": 201 if created else 200,
+                "schedule": public_view(doc),
+            }
+    counts = Counter(r["status"] for r in results)
+    return json_response(
+        {
+            "created": counts[201],
+            "existing": counts[200],
+            "rejected": len(items) - counts[201] - counts[200],
+            "results": results,
+        }
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise ValidationFailed(f"request body over {limit} bytes", status=413)
     try:
-        return await request.read()
+        body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise ValidationFailed(f"request body over {limit} bytes", status=413) from None
+    if len(body) > limit:  # chunked, so no length was announced
+        raise ValidationFailed(f"request body over {limit} bytes", status=413)
+    return body
 
 
 def _schedule_id(request: web.Request) -> str:
@@ -255,10 +331,14 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(node: Node) -> web.Application:
     app = web.Application(
         middlewares=[errors_and_metrics],
-        client_max_size=node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD,
+        # The largest body any route takes; each route checks its own limit.
+        client_max_size=max(
+            node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD, BATCH_BODY_LIMIT
+        ),
     )
     app[NODE_KEY] = node
     app.router.add_post("/v1/schedules", create_schedule)
+    app.router.add_post("/v1/schedules:batch", create_batch)
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_get("/v1/schedules/{schedule_id}", get_schedule)
     app.router.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)

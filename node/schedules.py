@@ -139,12 +139,21 @@ def validate_topic(topic: object, field: str = "topic") -> str:
     return topic
 
 
-def parse_new_schedule(body: bytes, limits: Limits, now: datetime) -> NewSchedule:
-    """Validate a POST /v1/schedules body. Raises ValidationFailed on any fault."""
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON (no NaN or Infinity). Raises ValidationFailed."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ValidationFailed(f"body is not valid JSON: {exc}") from None
+
+
+def parse_new_schedule(body: bytes, limits: Limits, now: datetime) -> NewSchedule:
+    """Validate a POST /v1/schedules body. Raises ValidationFailed on any fault."""
+    return parse_schedule_object(parse_json(body), limits, now)
+
+
+def parse_schedule_object(data: Any, limits: Limits, now: datetime) -> NewSchedule:
+    """Validate one schedule as decoded JSON (a POST body, or one batch item)."""
     if not isinstance(data, dict):
         raise ValidationFailed("body must be a JSON object")
     unknown = sorted(set(data) - _ALLOWED_FIELDS)

@@ -251,3 +251,64 @@ async def test_every_log_line_about_a_schedule_names_its_id_bucket_and_token(
     assert all({"bucket", "token"} <= set(entry) for entry in about), about
     [done] = [e for e in about if e["event"] == "schedule delivered"]
     assert done["token"] > 0 and done["attempt"] == 1
+
+
+# -- the batch API ------------------------------------------------------------------
+
+
+async def test_a_batch_answers_each_item_as_a_single_post_would(
+    api: NodeHandle, mongo: Any
+) -> None:
+    await api.request("POST", "/v1/schedules", json=schedule(id="b-old", payload={"v": 1}))
+    items = [
+        schedule(id="b-new"),
+        schedule(id="b-twice", payload={"v": 2}),
+        schedule(id="b-twice", payload={"v": 2}),  # the same id twice in one batch
+        schedule(id="b-bad", topic="no spaces allowed"),
+        schedule(id="b-old", payload={"v": 1}),  # a repeat of what is stored
+        schedule(id="b-old", payload={"v": 99}),  # the stored id, another body
+        "not an object",
+        schedule(),  # server-assigned id
+    ]
+    status, body = await api.request("POST", "/v1/schedules:batch", json={"schedules": items})
+    assert status == 200
+    statuses = [r["status"] for r in body["results"]]
+    assert [r["index"] for r in body["results"]] == list(range(len(items)))
+    assert statuses[0] == 201 and sorted(statuses[1:3]) == [200, 201]
+    assert statuses[3:] == [400, 200, 409, 400, 201]
+    assert body["results"][3]["error"]["field"] == "topic"
+    assert body["results"][5]["error"]["code"] == "conflict"
+    assert (body["created"], body["existing"], body["rejected"]) == (3, 2, 3)
+    assigned = body["results"][7]["schedule"]["id"]
+    stored = {d["_id"] for d in await mongo.schedules.find({}, {"_id": 1}).to_list()}
+    assert stored == {"b-old", "b-new", "b-twice", assigned}
+    assert (await api.request("GET", "/v1/schedules/b-old"))[1]["payload"] == {"v": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([schedule()], "body must be"),
+        ({"schedules": []}, "1 to 1000 items, got 0"),
+        ({"schedules": [schedule()] * 1001}, "1 to 1000 items, got 1001"),
+        ({"schedules": [schedule()], "extra": 1}, "body must be"),
+        ({"items": [schedule()]}, "body must be"),
+    ],
+)
+async def test_a_bad_batch_envelope_is_a_400_and_stores_nothing(
+    api: NodeHandle, mongo: Any, body: Any, message: str
+) -> None:
+    status, answer = await api.request("POST", "/v1/schedules:batch", json=body)
+    assert status == 400 and message in answer["error"]["message"]
+    assert await count(mongo) == 0
+
+
+async def test_a_full_batch_is_stored_in_a_few_group_commits(api: NodeHandle, mongo: Any) -> None:
+    inserter = api.node.store._inserts
+    before = inserter.round_trips
+    items = [schedule(id=f"bulk-{i}", payload={"i": i}) for i in range(1000)]
+    status, body = await api.request("POST", "/v1/schedules:batch", json={"schedules": items})
+    assert status == 200 and body["created"] == 1000
+    assert await count(mongo) == 1000
+    # Shared insert_many round trips (at most 500 documents each), not 1,000.
+    assert inserter.round_trips - before <= 4
