@@ -19,6 +19,7 @@ from aiohttp import web
 from pymongo.errors import PyMongoError
 
 from node.errors import ApiError, ValidationFailed
+from node.openapi import document as openapi_document
 from node.schedules import (
     Limits,
     NewSchedule,
@@ -43,6 +44,7 @@ DEFAULT_PAGE = 100
 BODY_OVERHEAD = 64 * 1024
 MAX_BATCH = 1000
 BATCH_BODY_LIMIT = 16 * 1024 * 1024
+OPENAPI = openapi_document()
 CLUSTER_PAGE = (resources.files("node") / "static" / "cluster.html").read_text(encoding="utf-8")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -311,6 +313,10 @@ async def cluster_page(request: web.Request) -> web.Response:
     return web.Response(text=CLUSTER_PAGE, content_type="text/html", charset="utf-8")
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(OPENAPI)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok", "node": request.app[NODE_KEY].config.node_id})
 
@@ -347,6 +353,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/v1/cluster/backlog", cluster_backlog)
     app.router.add_post("/v1/internal/wake", wake)
     app.router.add_post("/v1/admin/drain", drain)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

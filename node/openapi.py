@@ -1,0 +1,407 @@
+"""The OpenAPI 3.1 description of the HTTP API, served at /v1/openapi.json.
+
+Built here as data, next to the routes it describes; a test checks that
+every route and every error code in the code appears in it, and that it is
+a valid OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR_CODES = (
+    "invalid_request",  # 400: the message says what, "field" which
+    "payload_too_large",  # 413
+    "not_found",  # 404: no such schedule, or no such route
+    "method_not_allowed",  # 405
+    "conflict",  # 409: same id with another body; drain when not running
+    "not_cancellable",  # 409: cancel after delivery, while in flight, or after failing
+    "store_unavailable",  # 503: MongoDB did not answer; retry
+    "http_error",  # any other refusal by the HTTP server itself
+)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+_ID = {
+    "name": "schedule_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+}
+_STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
+                    "message": {"type": "string"},
+                    "field": {"type": "string", "description": "the offending field, if one"},
+                },
+            }
+        },
+    },
+    "NewSchedule": {
+        "type": "object",
+        "required": ["topic", "executeAt"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+                "description": "idempotency key; the server assigns one when absent",
+            },
+            "topic": {"type": "string", "description": "Kafka topic"},
+            "executeAt": {"type": "string", "format": "date-time"},
+            "payload": {"description": "any JSON; sent as UTF-8 JSON"},
+            "payloadBase64": {"type": "string", "description": "raw bytes instead of payload"},
+            "key": {"type": "string", "description": "Kafka record key (default: the id)"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "tenant": {"type": "string", "default": "default"},
+        },
+    },
+    "Schedule": {
+        "type": "object",
+        "required": ["id", "tenant", "topic", "executeAt", "bucket", "status", "attempts"],
+        "properties": {
+            "id": {"type": "string"},
+            "tenant": {"type": "string"},
+            "topic": {"type": "string"},
+            "executeAt": {"type": "string", "format": "date-time"},
+            "bucket": {"type": "integer"},
+            "status": {
+                "type": "string",
+                "enum": ["PENDING", "IN_FLIGHT", "DELIVERED", "DELIVERY_FAILED", "CANCELLED"],
+            },
+            "attempts": {"type": "integer"},
+            "nextAttemptAt": {"type": "string", "format": "date-time"},
+            "deliveredAt": {"type": ["string", "null"], "format": "date-time"},
+            "lastError": {"type": ["string", "null"]},
+            "key": {"type": ["string", "null"]},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "createdAt": {"type": ["string", "null"], "format": "date-time"},
+            "payload": {},
+            "payloadBase64": {"type": "string"},
+        },
+    },
+    "BatchResult": {
+        "type": "object",
+        "required": ["index", "status"],
+        "properties": {
+            "index": {"type": "integer"},
+            "status": {"type": "integer", "enum": [200, 201, 400, 409, 503]},
+            "schedule": _ref("Schedule"),
+            "error": {"$ref": "#/components/schemas/Error/properties/error"},
+        },
+    },
+    "Cluster": {
+        "type": "object",
+        "required": ["self", "members", "buckets"],
+        "properties": {
+            "self": {"type": "string"},
+            "members": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "address": {"type": "string"},
+                        "state": {"type": "string", "enum": ["alive", "suspect", "dead", "left"]},
+                        "incarnation": {"type": "integer"},
+                        "http": {"type": ["string", "null"]},
+                        "placementVersion": {"type": "integer"},
+                    },
+                },
+            },
+            "buckets": {
+                "type": "object",
+                "properties": {
+                    "count": {"type": "integer"},
+                    "held": {"type": "integer"},
+                    "wanted": {"type": "integer"},
+                    "settled": {"type": "boolean"},
+                    "placementVersion": {"type": "integer"},
+                    "owners": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "bucket": {"type": "integer"},
+                                "owner": {"type": ["string", "null"]},
+                                "token": {"type": "integer"},
+                                "placed": {"type": ["string", "null"]},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+PATHS: dict[str, Any] = {
+    "/v1/schedules": {
+        "post": {
+            "summary": "Schedule a message for delivery to a Kafka topic at executeAt",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("NewSchedule")}},
+            },
+            "responses": {
+                "201": _json(_ref("Schedule"), "Stored, journaled on a majority"),
+                "200": _json(_ref("Schedule"), "The same id and body again: the stored one"),
+                "400": _error("Invalid body (invalid_request)"),
+                "409": _error("The same id with another body (conflict)"),
+                "413": _error("Body over the limit (payload_too_large)"),
+                **_STORE_DOWN,
+            },
+        },
+        "get": {
+            "summary": "List schedules, oldest id first, a page at a time",
+            "parameters": [
+                {"name": "tenant", "in": "query", "schema": {"type": "string"}},
+                {"name": "status", "in": "query", "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}},
+                {"name": "after", "in": "query", "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "schedules": {"type": "array", "items": _ref("Schedule")},
+                            "next": {"type": ["string", "null"], "description": "pass as after"},
+                        },
+                    },
+                    "A page",
+                ),
+                "400": _error("Bad query parameter (invalid_request)"),
+                **_STORE_DOWN,
+            },
+        },
+    },
+    "/v1/schedules:batch": {
+        "post": {
+            "summary": "Up to 1,000 schedules, each answered as its single POST would be",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["schedules"],
+                            "properties": {
+                                "schedules": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "maxItems": 1000,
+                                    "items": _ref("NewSchedule"),
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "created": {"type": "integer"},
+                            "existing": {"type": "integer"},
+                            "rejected": {"type": "integer"},
+                            "results": {"type": "array", "items": _ref("BatchResult")},
+                        },
+                    },
+                    "One result per item, in order",
+                ),
+                "400": _error("Bad envelope; nothing stored (invalid_request)"),
+                "413": _error("Body over 16 MiB (payload_too_large)"),
+            },
+        },
+    },
+    "/v1/schedules/{schedule_id}": {
+        "parameters": [_ID],
+        "get": {
+            "summary": "One schedule",
+            "responses": {
+                "200": _json(_ref("Schedule"), "The schedule"),
+                "404": _error("No such schedule (not_found)"),
+                **_STORE_DOWN,
+            },
+        },
+        "delete": {
+            "summary": "Cancel; after a 200 it is never delivered",
+            "responses": {
+                "200": _json(_ref("Schedule"), "CANCELLED (also when it already was)"),
+                "404": _error("No such schedule (not_found)"),
+                "409": _error("Already delivered, in flight or failed (not_cancellable)"),
+                **_STORE_DOWN,
+            },
+        },
+    },
+    "/v1/cluster": {
+        "get": {
+            "summary": "This node's view: members, bucket leases and placement",
+            "responses": {"200": _json(_ref("Cluster"), "The view"), **_STORE_DOWN},
+        }
+    },
+    "/v1/cluster/backlog": {
+        "get": {
+            "summary": "PENDING schedules already due, per bucket (cached 1 s)",
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "at": {"type": "string", "format": "date-time"},
+                            "total": {"type": "integer"},
+                            "dueNow": {
+                                "type": "object",
+                                "additionalProperties": {"type": "integer"},
+                            },
+                        },
+                    },
+                    "Counts",
+                ),
+                **_STORE_DOWN,
+            },
+        }
+    },
+    "/v1/internal/wake": {
+        "post": {
+            "summary": "Between nodes: a schedule in one of your buckets falls due soon",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["bucket", "dueAt"],
+                            "properties": {
+                                "bucket": {"type": "integer"},
+                                "dueAt": {"type": "string", "format": "date-time"},
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "202": _json(
+                    {"type": "object", "properties": {"woken": {"type": "boolean"}}}, "Noted"
+                ),
+                "400": _error("Bad body (invalid_request)"),
+            },
+        }
+    },
+    "/v1/admin/drain": {
+        "post": {
+            "summary": "Hand every lease over and leave the cluster; keep serving the API",
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {"node": {"type": "string"}, "state": {"type": "string"}},
+                    },
+                    "Drained",
+                ),
+                "409": _error("Not running: starting, draining or stopping (conflict)"),
+            },
+        }
+    },
+    "/v1/chaos/partition": {
+        "put": {
+            "summary": "Chaos testing only (CHAOS_MODE=on or unfenced): drop gossip to peers",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["blocked"],
+                            "properties": {
+                                "blocked": {"type": "array", "items": {"type": "string"}}
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json({"type": "object"}, "The peers blocked now"),
+                "400": _error("Bad body (invalid_request)"),
+            },
+        }
+    },
+    "/v1/openapi.json": {
+        "get": {
+            "summary": "This document",
+            "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+        }
+    },
+    "/": {
+        "get": {
+            "summary": "The cluster page (HTML)",
+            "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {}}}}},
+        }
+    },
+    "/healthz": {
+        "get": {
+            "summary": "Liveness",
+            "responses": {"200": _json({"type": "object"}, "The process answers")},
+        }
+    },
+    "/readyz": {
+        "get": {
+            "summary": "Readiness: started, gossiping, store and broker reachable",
+            "responses": {
+                "200": _json({"type": "object"}, "Ready"),
+                "503": _json({"type": "object"}, "Not ready; checks say which part"),
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus text",
+            "responses": {
+                "200": {"description": "Metrics", "content": {"text/plain": {"schema": {}}}}
+            },
+        }
+    },
+}
+
+
+def document(version: str = "0.1.0") -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "bucket-scheduler",
+            "version": version,
+            "description": "Deliver a message to a Kafka topic at a given time. Any node "
+            'accepts any call. Errors: {"error": {"code", "message", "field"}}; '
+            "the 404, 405 and 413 of the HTTP server itself use the same shape.",
+        },
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "responses": {
+                "NotFound": _error("No such route (not_found)"),
+                "MethodNotAllowed": _error("Wrong method for the route (method_not_allowed)"),
+            },
+        },
+    }

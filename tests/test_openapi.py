@@ -1,0 +1,60 @@
+"""The OpenAPI document at /v1/openapi.json: valid OpenAPI 3.1, and it covers
+every route and every error code the code has (and nothing it lacks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from openapi_spec_validator import validate
+
+from node import config as node_config
+from node.api import build_app
+from node.openapi import ERROR_CODES, document
+from node.service import Node
+from tests.conftest import NodeFactory
+
+NODE_SOURCE = Path(__file__).parent.parent / "node"
+
+
+def routes(chaos_mode: str) -> set[tuple[str, str]]:
+    config = node_config.load({"node_id": "doc", "chaos_mode": chaos_mode}, {})
+    return {
+        (route.method.lower(), route.resource.canonical)
+        for route in build_app(Node(config)).router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    }
+
+
+def documented() -> set[tuple[str, str]]:
+    return {
+        (method, path)
+        for path, item in document()["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+
+
+def test_the_document_is_valid_openapi() -> None:
+    validate(document())
+
+
+def test_every_route_is_documented_and_every_documented_route_exists() -> None:
+    assert routes("off") <= documented(), routes("off") - documented()
+    assert documented() == routes("on"), documented() ^ routes("on")
+
+
+def test_every_error_code_in_the_code_is_documented_and_none_is_stale() -> None:
+    source = "\n".join(p.read_text() for p in NODE_SOURCE.glob("*.py") if p.name != "openapi.py")
+    used = set(re.findall(r'ApiError\(\s*\d{3},\s*"([a-z_]+)"', source))
+    used |= set(re.findall(r'\d{3}: "([a-z_]+)"', source))  # aiohttp's refusals
+    used |= set(re.findall(r'"code": "([a-z_]+)"', source))
+    used |= set(re.findall(r'"([a-z_]+)" if status == 413 else "([a-z_]+)"', source)[0])
+    used |= set(re.findall(r'\.get\(\s*exc\.status, "([a-z_]+)"', source))
+    assert {"not_found", "conflict", "invalid_request", "store_unavailable"} <= used
+    assert used == set(ERROR_CODES), used ^ set(ERROR_CODES)
+
+
+async def test_the_node_serves_it(start_node: NodeFactory) -> None:
+    status, body = await (await start_node()).request("GET", "/v1/openapi.json")
+    assert status == 200 and body == document()
