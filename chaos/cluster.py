@@ -116,10 +116,7 @@ class LocalCluster:
             return
         host = self.host
         self.mongo_port, self.kafka_port = embedded.free_port(host), embedded.free_port(host)
-        self.mongo = embedded.spawn(
-            embedded.mongo_argv(host, self.mongo_port, self.data_dir / "mongo"),
-            log=self._logfile("mongodb"),
-        )
+        self._spawn_mongo()  # waited for after the broker: both start at once
         if self.durable_broker:
             self.objectstore, s3_port = objectstore.start(
                 self.data_dir / "s3", self._logfile("objectstore")
@@ -127,6 +124,21 @@ class LocalCluster:
             self._kafka_env = {**os.environ, **objectstore.broker_env(s3_port)}
         self._spawn_kafka()
         embedded.wait_for_port(host, self.mongo_port, 60, self.mongo)
+
+    def _spawn_mongo(self) -> None:
+        self.mongo = embedded.spawn(
+            embedded.mongo_argv(self.host, self.mongo_port, self.data_dir / "mongo"),
+            log=self._logfile("mongodb"),
+        )
+
+    @staticmethod
+    def _crash(server: subprocess.Popen[bytes] | None, down_for: float) -> None:
+        """SIGKILL (no clean shutdown, nothing flushed on the way out), then
+        stay down ``down_for`` seconds."""
+        assert server is not None
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        time.sleep(down_for)
 
     def _spawn_kafka(self) -> None:
         argv = embedded.kafka_argv(self.host, self.kafka_port)
@@ -140,25 +152,15 @@ class LocalCluster:
         same port and storage. Only with a durable broker: from memory, the
         records it had acknowledged would be gone."""
         self._embedded("crash the broker")
-        assert self.kafka is not None
-        self.kafka.send_signal(signal.SIGKILL)
-        self.kafka.wait()
-        time.sleep(down_for)
+        self._crash(self.kafka, down_for)
         self._spawn_kafka()
 
     def crash_store(self, down_for: float) -> None:
-        """SIGKILL the database (a crash: no clean shutdown, nothing flushed on
-        the way out), keep it down ``down_for`` seconds, restart it on the
-        same port and data."""
+        """SIGKILL the database, keep it down ``down_for`` seconds, restart it
+        on the same port and data."""
         self._embedded("crash the store")
-        assert self.mongo is not None
-        self.mongo.send_signal(signal.SIGKILL)
-        self.mongo.wait()
-        time.sleep(down_for)
-        self.mongo = embedded.spawn(
-            embedded.mongo_argv(self.host, self.mongo_port, self.data_dir / "mongo"),
-            log=self._logfile("mongodb"),
-        )
+        self._crash(self.mongo, down_for)
+        self._spawn_mongo()
         embedded.wait_for_port(self.host, self.mongo_port, 60, self.mongo)
 
     def pause_broker(self, down_for: float) -> None:

@@ -25,6 +25,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
+from node.embedded import pid_alive
+
 PREFIX = "chaos"
 NODE_HTTP_PORT = 8080  # each node has its own namespace, so all use the same ports
 NODE_GOSSIP_PORT = 7946
@@ -64,20 +66,10 @@ def sweep() -> list[str]:
     for kind, names in (("netns", namespaces), ("link", links)):
         for name in names:
             owner = _OWNED.match(name)
-            if owner and not _alive(int(owner.group(1))):
+            if owner and not pid_alive(int(owner.group(1))):
                 _ip(kind, "del", name, check=False)
                 removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Namespaces:
