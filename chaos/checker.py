@@ -98,20 +98,14 @@ def check(
         "accepted": len(accepted),
         "cancelled": len(cancelled),
         "delivered": len(by_id),
-        "lost": len(lost),
-        "lost_ids": lost[:20],
-        "cancelled_delivered": len(cancelled_delivered),
-        "cancelled_delivered_ids": cancelled_delivered[:20],
-        "early": len(early),
-        "early_ids": sorted(early)[:20],
+        **_counted("lost", lost),
+        **_counted("cancelled_delivered", cancelled_delivered),
+        **_counted("early", sorted(early)),
         "duplicates": len(duplicates),
-        "duplicates_same_claim": len(same_claim),
+        **_counted("duplicates_same_claim", same_claim),
         "duplicates_across_store_crash": len(across_crash),
-        "duplicates_same_claim_ids": same_claim[:20],
-        "vanished": len(vanished),
-        "vanished_ids": vanished[:20],
-        "stale_claims": len(stale),
-        "stale_claims_ids": stale[:20],
+        **_counted("vanished", vanished),
+        **_counted("stale_claims", stale),
         "unknown_deliveries": len(set(by_id) - set(accepted)),
         "lateness_s": _summary([late for _, late in lateness]),
         "lateness_outside_windows_s": _summary(outside),
@@ -141,6 +135,11 @@ def passed(result: Mapping[str, Any]) -> bool:
             "vanished",
         )
     )
+
+
+def _counted(name: str, ids: list[str]) -> dict[str, Any]:
+    """How many, and the first few ids to look up."""
+    return {name: len(ids), f"{name}_ids": ids[:20]}
 
 
 def _stale_claims(

@@ -140,11 +140,7 @@ class Run:
         # Steps on the servers, on the whole cluster or adding a node have
         # no target to pick.
         target = self._pick(step) if "target" in FIELDS[step.do] else None
-        event: dict[str, Any] = {
-            "at": round(time.time() - self._started, 2),
-            "step": step.label,
-            "lasting": step.lasting,
-        }
+        event = self._event(step.do, step.label, lasting=step.lasting)
         if step.do == "start":
             target = self._new_name()
             event["node"] = target
@@ -160,10 +156,7 @@ class Run:
         elif step.do == "split":
             halves = self._halves()
             event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
-            unreached = await asyncio.to_thread(self.cluster.partition, halves)
-            if unreached:
-                event["filter_not_set_on"] = unreached
-            self._background.append(asyncio.create_task(self._heal_later(step)))
+            await self._partition(event, step, halves)
         elif target is None:
             event["skipped"] = "no such running node (or only one left)"
         elif step.do == "kill":
@@ -185,12 +178,7 @@ class Run:
         elif step.do == "isolate":
             self.isolated.add(target)
             others = {n for n in self.cluster.nodes if n != target}
-            unreached = await asyncio.to_thread(
-                self.cluster.partition, [{target}, others], isolate=target
-            )
-            if unreached:
-                event["filter_not_set_on"] = unreached
-            self._background.append(asyncio.create_task(self._heal_later(step)))
+            await self._partition(event, step, [{target}, others], isolate=target)
 
         event.setdefault("node", target)
         self.events.append(event)
@@ -199,6 +187,27 @@ class Run:
             event["skipped_settle"] = "the halves cannot agree until the heal"
         elif "skipped" not in event:
             self._background.append(asyncio.create_task(self._time_to_settle(event)))
+
+    def _event(self, do: str, label: str, *, lasting: float = 0.0) -> dict[str, Any]:
+        return {
+            "at": round(time.time() - self._started, 2),
+            "do": do,
+            "step": label,
+            "lasting": lasting,
+        }
+
+    async def _partition(
+        self,
+        event: dict[str, Any],
+        step: Step,
+        groups: list[set[str]],
+        *,
+        isolate: str | None = None,
+    ) -> None:
+        unreached = await asyncio.to_thread(self.cluster.partition, groups, isolate=isolate)
+        if unreached:
+            event["filter_not_set_on"] = unreached
+        self._background.append(asyncio.create_task(self._heal_later(step)))
 
     async def _resume_later(self, name: str, step: Step) -> None:
         await asyncio.sleep(step.lasting)
@@ -209,7 +218,8 @@ class Run:
             await asyncio.to_thread(self.cluster.heal)
         # The zombie wakes up believing it still owns its buckets: the fence
         # must reject its writes, and the cluster must take it back in.
-        event = {"at": round(time.time() - self._started, 2), "step": "resume", "node": name}
+        event = self._event("resume", "resume")
+        event["node"] = name
         self.events.append(event)
         await self._time_to_settle(event)
 
@@ -219,11 +229,8 @@ class Run:
         self._partitions -= 1
         unreached = await asyncio.to_thread(self.cluster.heal)
         self.isolated.clear()
-        event: dict[str, Any] = {
-            "at": round(time.time() - self._started, 2),
-            "step": "heal",
-            "node": None,
-        }
+        event = self._event("heal", "heal")
+        event["node"] = None
         if unreached:
             event["filter_not_set_on"] = unreached
         self.events.append(event)
@@ -379,7 +386,7 @@ class Run:
             self.events.sort(key=lambda e: float(e["at"]))
             windows: list[Window] = []
             for event in self.events:
-                if "skipped" in event or event["step"].startswith(("start", "resume", "heal")):
+                if "skipped" in event or event["do"] in ("start", "resume", "heal"):
                     continue  # not a fault: no recovery allowance
                 event["window"] = len(windows)
                 # From a poll interval before (work already due when it hit)
@@ -395,9 +402,7 @@ class Run:
                 buckets=BUCKETS,
                 kept=kept,
                 store_crashes=[
-                    self._started + e["at"]
-                    for e in self.events
-                    if e["step"].startswith("crash the store")
+                    self._started + e["at"] for e in self.events if e["do"] == "crash-store"
                 ],
             )
             result.update(

@@ -60,6 +60,11 @@ def error_response(error: ApiError) -> web.Response:
     return json_response(error.body(), status=error.status)
 
 
+def _store_unavailable(exc: PyMongoError, request: web.Request) -> ApiError:
+    log.warning("store unavailable", error=str(exc), path=request.path)
+    return ApiError(503, "store_unavailable", "the schedule store is unreachable; retry")
+
+
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     node = request.app[NODE_KEY]
@@ -86,16 +91,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         return json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status)
     except PyMongoError as exc:
         status = 503
-        log.warning("store unavailable", error=str(exc), path=request.path)
-        return json_response(
-            {
-                "error": {
-                    "code": "store_unavailable",
-                    "message": "the schedule store is unreachable; retry",
-                }
-            },
-            status=503,
-        )
+        return error_response(_store_unavailable(exc, request))
     finally:
         node.metrics.http_requests.labels(route, request.method, str(status)).inc()
 
@@ -151,28 +147,22 @@ async def create_batch(request: web.Request) -> web.Response:
         try:
             valid.append((index, parse_schedule_object(item, limits, now)))
         except ApiError as exc:
-            results[index] = {"index": index, "status": exc.status, **exc.body()}
+            results[index] = _item(index, exc.status, exc.body())
     outcomes = await asyncio.gather(
         *(node.store.insert(new, now) for _, new in valid), return_exceptions=True
     )
     for (index, _new), outcome in zip(valid, outcomes, strict=True):
+        if isinstance(outcome, PyMongoError):
+            outcome = _store_unavailable(outcome, request)
         if isinstance(outcome, ApiError):
-            results[index] = {"index": index, "status": outcome.status, **outcome.body()}
-        elif isinstance(outcome, PyMongoError):
-            log.warning("store unavailable", error=str(outcome), path=request.path)
-            unavailable = ApiError(503, "store_unavailable", "the store did not answer; retry")
-            results[index] = {"index": index, "status": 503, **unavailable.body()}
+            results[index] = _item(index, outcome.status, outcome.body())
         elif isinstance(outcome, BaseException):
             raise outcome
         else:
             doc, created = outcome
             if created:
                 _accepted(node, doc)
-            results[index] = {
-                "index": index,
-                "status": 201 if created else 200,
-                "schedule": public_view(doc),
-            }
+            results[index] = _item(index, 201 if created else 200, {"schedule": public_view(doc)})
     counts = Counter(r["status"] for r in results)
     return json_response(
         {
@@ -182,6 +172,10 @@ async def create_batch(request: web.Request) -> web.Response:
             "results": results,
         }
     )
+
+
+def _item(index: int, status: int, answer: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "status": status, **answer}
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -29,6 +29,10 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
 
@@ -159,10 +163,7 @@ PATHS: dict[str, Any] = {
     "/v1/schedules": {
         "post": {
             "summary": "Schedule a message for delivery to a Kafka topic at executeAt",
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _ref("NewSchedule")}},
-            },
+            "requestBody": _body(_ref("NewSchedule")),
             "responses": {
                 "201": _json(_ref("Schedule"), "Stored, journaled on a majority"),
                 "200": _json(_ref("Schedule"), "The same id and body again: the stored one"),
@@ -199,25 +200,20 @@ PATHS: dict[str, Any] = {
     "/v1/schedules:batch": {
         "post": {
             "summary": "Up to 1,000 schedules, each answered as its single POST would be",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["schedules"],
-                            "properties": {
-                                "schedules": {
-                                    "type": "array",
-                                    "minItems": 1,
-                                    "maxItems": 1000,
-                                    "items": _ref("NewSchedule"),
-                                }
-                            },
+            "requestBody": _body(
+                {
+                    "type": "object",
+                    "required": ["schedules"],
+                    "properties": {
+                        "schedules": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": 1000,
+                            "items": _ref("NewSchedule"),
                         }
-                    }
-                },
-            },
+                    },
+                }
+            ),
             "responses": {
                 "200": _json(
                     {
@@ -287,21 +283,16 @@ PATHS: dict[str, Any] = {
     "/v1/internal/wake": {
         "post": {
             "summary": "Between nodes: a schedule in one of your buckets falls due soon",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["bucket", "dueAt"],
-                            "properties": {
-                                "bucket": {"type": "integer"},
-                                "dueAt": {"type": "string", "format": "date-time"},
-                            },
-                        }
-                    }
-                },
-            },
+            "requestBody": _body(
+                {
+                    "type": "object",
+                    "required": ["bucket", "dueAt"],
+                    "properties": {
+                        "bucket": {"type": "integer"},
+                        "dueAt": {"type": "string", "format": "date-time"},
+                    },
+                }
+            ),
             "responses": {
                 "202": _json(
                     {"type": "object", "properties": {"woken": {"type": "boolean"}}}, "Noted"
@@ -328,20 +319,13 @@ PATHS: dict[str, Any] = {
     "/v1/chaos/partition": {
         "put": {
             "summary": "Chaos testing only (CHAOS_MODE=on or unfenced): drop gossip to peers",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["blocked"],
-                            "properties": {
-                                "blocked": {"type": "array", "items": {"type": "string"}}
-                            },
-                        }
-                    }
-                },
-            },
+            "requestBody": _body(
+                {
+                    "type": "object",
+                    "required": ["blocked"],
+                    "properties": {"blocked": {"type": "array", "items": {"type": "string"}}},
+                }
+            ),
             "responses": {
                 "200": _json({"type": "object"}, "The peers blocked now"),
                 "400": _error("Bad body (invalid_request)"),
