@@ -148,6 +148,8 @@ class NodeProcess:
                 bootstrap,
                 "--buckets",
                 str(BUCKETS),
+                "--auth",
+                "off",
                 "--log-level",
                 "warning",
             ],

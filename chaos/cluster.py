@@ -191,6 +191,7 @@ class LocalCluster:
             "--mongo-database", self.database,
             "--kafka-bootstrap", self.kafka_bootstrap,
             "--log-format", "console",
+            "--auth", "off",
         ]  # fmt: skip
         env = {"LOG_LEVEL": "info", **os.environ, **self.env}
         if self.network is not None:

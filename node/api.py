@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 from pymongo.errors import PyMongoError
 
+from node.auth import CALLER, Caller, identify
 from node.errors import ApiError, ValidationFailed
 from node.openapi import document as openapi_document
 from node.schedules import (
@@ -28,7 +29,10 @@ from node.schedules import (
     parse_new_schedule,
     parse_schedule_object,
     parse_time,
+    public_id,
     public_view,
+    storage_id,
+    validate_tenant,
 )
 from node.store import utcnow
 
@@ -57,7 +61,9 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 
 
 def error_response(error: ApiError) -> web.Response:
-    return json_response(error.body(), status=error.status)
+    response = json_response(error.body(), status=error.status)
+    response.headers.update(error.headers)
+    return response
 
 
 def _store_unavailable(exc: PyMongoError, request: web.Request) -> ApiError:
@@ -96,6 +102,17 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         node.metrics.http_requests.labels(route, request.method, str(status)).inc()
 
 
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    node = request.app[NODE_KEY]
+    request[CALLER] = await identify(request, node.directory if node.config.auth else None)
+    return await handler(request)
+
+
+def _caller(request: web.Request) -> Caller:
+    return request[CALLER]
+
+
 def _limits(node: Node) -> Limits:
     return Limits(
         max_payload_bytes=node.config.max_payload_bytes,
@@ -105,6 +122,7 @@ def _limits(node: Node) -> Limits:
 
 def _accepted(node: Node, doc: dict[str, Any]) -> None:
     node.metrics.schedules_created.inc()
+    node.admission.accepted(doc["tenant"])
     node.schedule_accepted(doc)
     log.info(
         "schedule accepted",
@@ -119,7 +137,10 @@ async def create_schedule(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     body = await _read_body(request, node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD)
     now = utcnow()
-    new = parse_new_schedule(body, _limits(node), now)
+    new = parse_new_schedule(body, _limits(node), now, _caller(request).scope)
+    [refused] = await node.admission.check([new])
+    if refused is not None:
+        raise refused
     doc, created = await node.store.insert(new, now)
     if created:
         _accepted(node, doc)
@@ -141,13 +162,21 @@ async def create_batch(request: web.Request) -> web.Response:
         )
     now = utcnow()
     limits = _limits(node)
+    scope = _caller(request).scope
     results: list[dict[str, Any]] = [{} for _ in items]
-    valid: list[tuple[int, NewSchedule]] = []
+    parsed: list[tuple[int, NewSchedule]] = []
     for index, item in enumerate(items):
         try:
-            valid.append((index, parse_schedule_object(item, limits, now)))
+            parsed.append((index, parse_schedule_object(item, limits, now, scope)))
         except ApiError as exc:
             results[index] = _item(index, exc.status, exc.body())
+    refusals = await node.admission.check([new for _, new in parsed])
+    valid: list[tuple[int, NewSchedule]] = []
+    for (index, new), refused in zip(parsed, refusals, strict=True):
+        if refused is None:
+            valid.append((index, new))
+        else:
+            results[index] = _item(index, refused.status, refused.body())
     outcomes = await asyncio.gather(
         *(node.store.insert(new, now) for _, new in valid), return_exceptions=True
     )
@@ -191,22 +220,36 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _schedule_id(request: web.Request) -> str:
-    return request.match_info["schedule_id"]
+    """The stored id of the schedule a route names, in the caller's tenant
+    (with auth off, the ``tenant`` query parameter's, default ``default``).
+    Another tenant's schedule is then simply not found."""
+    unknown = sorted(set(request.query) - {"tenant"})
+    if unknown:
+        raise ValidationFailed(f"unknown query parameter {unknown[0]!r}", unknown[0])
+    requested = request.query.get("tenant")
+    tenant = _caller(request).scope(None if requested is None else validate_tenant(requested))
+    return storage_id(tenant, request.match_info["schedule_id"])
+
+
+def _not_found(stored_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"no schedule {public_id(stored_id)!r}")
 
 
 async def get_schedule(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
-    doc = await node.store.get(_schedule_id(request))
+    stored_id = _schedule_id(request)
+    doc = await node.store.get(stored_id)
     if doc is None:
-        raise ApiError(404, "not_found", f"no schedule {_schedule_id(request)!r}")
+        raise _not_found(stored_id)
     return json_response(public_view(doc))
 
 
 async def cancel_schedule(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
-    doc = await node.store.cancel(_schedule_id(request), utcnow())
+    stored_id = _schedule_id(request)
+    doc = await node.store.cancel(stored_id, utcnow())
     if doc is None:
-        raise ApiError(404, "not_found", f"no schedule {_schedule_id(request)!r}")
+        raise _not_found(stored_id)
     node.metrics.schedules_cancelled.inc()
     log.info(
         "schedule cancelled",
@@ -231,9 +274,11 @@ async def list_schedules(request: web.Request) -> web.Response:
         raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
     limit = int(limit_text)
     after = _decode_cursor(query["after"]) if "after" in query else None
-    docs = await node.store.list_page(
-        tenant=query.get("tenant"), status=status, after=after, limit=limit + 1
-    )
+    requested = query.get("tenant")
+    tenant = _caller(request).tenant or (None if requested is None else validate_tenant(requested))
+    if requested is not None and tenant != requested:
+        _caller(request).scope(requested)  # another tenant's list: 403
+    docs = await node.store.list_page(tenant=tenant, status=status, after=after, limit=limit + 1)
     page, more = docs[:limit], len(docs) > limit
     return json_response(
         {
@@ -330,7 +375,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def build_app(node: Node) -> web.Application:
     app = web.Application(
-        middlewares=[errors_and_metrics],
+        middlewares=[errors_and_metrics, authenticate],
         # The largest body any route takes; each route checks its own limit.
         client_max_size=max(
             node.config.max_payload_bytes * 4 // 3 + BODY_OVERHEAD, BATCH_BODY_LIMIT

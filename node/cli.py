@@ -1,4 +1,4 @@
-"""``python -m node {run,dev,tail,ctl}``."""
+"""``python -m node {run,dev,tail,tenants,ctl}``."""
 
 from __future__ import annotations
 
@@ -57,8 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--count", type=int, default=None, help="exit after this many records")
     tail.add_argument("--idle-timeout", type=float, default=None, help="exit after idle seconds")
 
-    from node import ctl
+    from node import ctl, tenant_cli
 
+    tenant_cli.add_arguments(
+        commands.add_parser(
+            "tenants",
+            help="manage tenants and API keys (in the database)",
+            description="Tenants, their API keys and quotas. New keys are printed once.",
+        )
+    )
     ctl.add_arguments(
         commands.add_parser(
             "ctl",
@@ -107,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         return 130
+    if args.command == "tenants":
+        from node import tenant_cli
+
+        return tenant_cli.run(args)
     if args.command == "ctl":
         from node import ctl
 

@@ -108,6 +108,12 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _parse_switch(text: str) -> bool:
+    if text not in {"on", "off"}:
+        raise ValueError(f"must be on or off, got {text!r}")
+    return text == "on"
+
+
 def _parse_keys(text: str) -> tuple[bytes, ...]:
     keys = []
     for part in (p.strip() for p in text.split(",")):
@@ -197,6 +203,17 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_parse_keys,
         help="comma-separated base64 keys (16, 24 or 32 bytes) that sign gossip with "
         "HMAC-SHA256; the first signs, any verifies (rotation). Off when empty",
+    ),
+    Setting(
+        attr="auth",
+        env="AUTH",
+        flag="--auth",
+        default="on",
+        parse=_parse_switch,
+        # On unless asked: a node reachable by several teams must not let one
+        # read or cancel another's schedules. `python -m node dev` turns it off.
+        help="on: every API call needs `Authorization: Bearer KEY` of a tenant "
+        "(`python -m node tenants add NAME`); off: calls name their tenant, no keys",
     ),
     Setting(
         attr="mongo_uri",
@@ -360,6 +377,7 @@ class NodeConfig:
     seeds: tuple[str, ...] = ()
     membership_preset: str = "lan"
     cluster_keys: tuple[bytes, ...] = field(default=(), repr=False)  # secret: never logged
+    auth: bool = True
     mongo_uri: str
     mongo_database: str
     kafka_bootstrap: tuple[str, ...]

@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("SCHEDULER_URL", DEFAULT_URL),
         help=f"a node's HTTP address [env SCHEDULER_URL, default {DEFAULT_URL}]",
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SCHEDULER_API_KEY", ""),
+        help="a tenant's API key when the node has AUTH on; members, owners and drain "
+        "take an admin tenant's [env SCHEDULER_API_KEY]",
+    )
     commands = parser.add_subparsers(dest="action", required=True)
     commands.add_parser("members", help="members, their state and the buckets they hold")
     owners = commands.add_parser("owners", help="bucket -> lease holder and token")
@@ -60,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    client = Client(args.url)
+    client = Client(args.url, args.api_key)
     try:
         if args.action == "members":
             print_members(client.get("/v1/cluster"), out)
@@ -109,8 +115,9 @@ def quote(schedule_id: str) -> str:
 
 
 class Client:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, api_key: str = "") -> None:
         self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def get(self, path: str) -> Any:
         return self.send("GET", path)
@@ -121,7 +128,10 @@ class Client:
             self.url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"} if data is not None else {},
+            headers={
+                **self.headers,
+                **({"Content-Type": "application/json"} if data is not None else {}),
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT) as response:

@@ -113,6 +113,7 @@ class DevStack:
                 "--mongo-database", o.database,
                 "--kafka-bootstrap", kafka_address,
                 "--log-format", "console",
+                "--auth", "off",  # a laptop's stack: no keys (README "Tenants")
             ]  # fmt: skip
             nodes.append(self._spawn(name, f"http://{o.host}:{o.http_port + i}", argv))
         for child in nodes:

@@ -14,12 +14,22 @@ class SchedulerError(Exception):
 class ApiError(SchedulerError):
     """The caller's request cannot be served; rendered as the DESIGN.md error shape."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        # HTTP headers the answer carries (Retry-After on a 429, WWW-Authenticate on a 401).
+        self.headers = headers or {}
 
     def body(self) -> dict[str, object]:
         error: dict[str, object] = {"code": self.code, "message": self.message}

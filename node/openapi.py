@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.auth import ADMIN_PREFIXES, OPEN_ROUTES
+
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
     "payload_too_large",  # 413
@@ -16,6 +18,11 @@ ERROR_CODES = (
     "method_not_allowed",  # 405
     "conflict",  # 409: same id with another body; drain when not running
     "not_cancellable",  # 409: cancel after delivery, while in flight, or after failing
+    "unauthorized",  # 401: no API key, or an unknown or revoked one (auth on)
+    "forbidden",  # 403: another tenant's scope, or an operator route without admin
+    "topic_not_allowed",  # 403: the topic is outside the tenant's allowed prefixes
+    "rate_limited",  # 429: over the tenant's rate; Retry-After says when to retry
+    "quota_exceeded",  # 429: the tenant has its maximum of PENDING schedules
     "store_unavailable",  # 503: MongoDB did not answer; retry
     "http_error",  # any other refusal by the HTTP server itself
 )
@@ -44,6 +51,19 @@ _ID = {
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
 }
 _STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
+_TENANT = {
+    "name": "tenant",
+    "in": "query",
+    "schema": {"type": "string", "default": "default"},
+    "description": "auth off only: the tenant whose schedule this is; with auth on, "
+    "the key's tenant (another value is a 403)",
+}
+_ADMISSION = {
+    "403": _error("Another tenant named (forbidden), or a topic outside the tenant's "
+                  "prefixes (topic_not_allowed)"),
+    "429": _error("Over the tenant's rate (rate_limited, with Retry-After) or its "
+                  "pending maximum (quota_exceeded)"),
+}  # fmt: skip
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -109,7 +129,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["index", "status"],
         "properties": {
             "index": {"type": "integer"},
-            "status": {"type": "integer", "enum": [200, 201, 400, 409, 503]},
+            "status": {"type": "integer", "enum": [200, 201, 400, 403, 409, 413, 429, 503]},
             "schedule": _ref("Schedule"),
             "error": {"$ref": "#/components/schemas/Error/properties/error"},
         },
@@ -170,6 +190,7 @@ PATHS: dict[str, Any] = {
                 "400": _error("Invalid body (invalid_request)"),
                 "409": _error("The same id with another body (conflict)"),
                 "413": _error("Body over the limit (payload_too_large)"),
+                **_ADMISSION,
                 **_STORE_DOWN,
             },
         },
@@ -193,6 +214,7 @@ PATHS: dict[str, Any] = {
                     "A page",
                 ),
                 "400": _error("Bad query parameter (invalid_request)"),
+                "403": _error("Another tenant's list (forbidden)"),
                 **_STORE_DOWN,
             },
         },
@@ -229,16 +251,18 @@ PATHS: dict[str, Any] = {
                 ),
                 "400": _error("Bad envelope; nothing stored (invalid_request)"),
                 "413": _error("Body over 16 MiB (payload_too_large)"),
+                **_STORE_DOWN,
             },
         },
     },
     "/v1/schedules/{schedule_id}": {
-        "parameters": [_ID],
+        "parameters": [_ID, _TENANT],
         "get": {
             "summary": "One schedule",
             "responses": {
                 "200": _json(_ref("Schedule"), "The schedule"),
-                "404": _error("No such schedule (not_found)"),
+                "403": _error("Another tenant named in ?tenant= (forbidden)"),
+                "404": _error("No such schedule in the caller's tenant (not_found)"),
                 **_STORE_DOWN,
             },
         },
@@ -246,7 +270,8 @@ PATHS: dict[str, Any] = {
             "summary": "Cancel; after a 200 it is never delivered",
             "responses": {
                 "200": _json(_ref("Schedule"), "CANCELLED (also when it already was)"),
-                "404": _error("No such schedule (not_found)"),
+                "403": _error("Another tenant named in ?tenant= (forbidden)"),
+                "404": _error("No such schedule in the caller's tenant (not_found)"),
                 "409": _error("Already delivered, in flight or failed (not_cancellable)"),
                 **_STORE_DOWN,
             },
@@ -370,6 +395,23 @@ PATHS: dict[str, Any] = {
 }
 
 
+def _secure(paths: dict[str, Any]) -> dict[str, Any]:
+    """Mark each operation with who may call it (node/auth.py decides)."""
+    for path, item in paths.items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            if path in OPEN_ROUTES:
+                operation["security"] = []  # no key needed, auth on or off
+                continue
+            operation["responses"]["401"] = _error(
+                "Auth on: no API key, or an unknown or revoked one (unauthorized)"
+            )
+            if path.startswith(ADMIN_PREFIXES):
+                operation["responses"]["403"] = _error("Not an admin tenant's key (forbidden)")
+    return paths
+
+
 def document(version: str = "0.1.0") -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -380,8 +422,17 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             'accepts any call. Errors: {"error": {"code", "message", "field"}}; '
             "the 404, 405 and 413 of the HTTP server itself use the same shape.",
         },
-        "paths": PATHS,
+        "paths": _secure(PATHS),
+        # Auth on (`python -m node run`'s default): a tenant's API key.
+        "security": [{"apiKey": []}],
         "components": {
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a tenant's API key (`python -m node tenants add NAME`)",
+                }
+            },
             "schemas": SCHEMAS,
             "responses": {
                 "NotFound": _error("No such route (not_found)"),

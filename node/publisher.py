@@ -17,7 +17,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from node.schedules import format_time
+from node.schedules import format_time, public_id
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,16 @@ class Record:
 
 
 def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
+    schedule_id = public_id(str(doc["_id"]))
     headers: list[tuple[str, bytes]] = [
-        ("schedule-id", str(doc["_id"]).encode()),
+        ("schedule-id", schedule_id.encode()),
         ("execute-at", (format_time(doc["executeAt"]) or "").encode()),
         ("fence-token", str(token).encode()),
         ("tenant", str(doc["tenant"]).encode()),
         ("attempt", str(attempt).encode()),
     ]
     headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
-    key = doc.get("key") or doc["_id"]
+    key = doc.get("key") or schedule_id
     return Record(
         topic=doc["topic"], key=str(key).encode(), value=bytes(doc["payload"]), headers=headers
     )

@@ -15,11 +15,13 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from node.errors import ValidationFailed
+from node.tenants import DEFAULT_TENANT
 from ring import bucket_for
 
 
@@ -36,6 +38,9 @@ RESERVED_HEADERS = frozenset({"schedule-id", "execute-at", "fence-token", "tenan
 
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Stored ids are "tenant/id" ('/' is in neither alphabet), so that one
+# tenant's ids never collide with, or reveal, another's.
+_TENANT_SEPARATOR = "/"
 # Kafka's legal topic characters and length (kafka.common.internals.Topic).
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # RFC 3339 date-time: a 'T' (or space-free 't') separator and an explicit offset.
@@ -84,15 +89,20 @@ class NewSchedule:
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
+    @property
+    def storage_id(self) -> str:
+        return storage_id(self.tenant, self.id)
+
     def to_document(self, bucket_count: int, now: datetime) -> dict[str, Any]:
         return {
-            "_id": self.id,
+            "_id": self.storage_id,
             "tenant": self.tenant,
             "topic": self.topic,
             "executeAt": self.execute_at,
             # dueAt is when the poller next looks at it: executeAt at first,
             # later the time of the next retry. executeAt never changes.
             "dueAt": self.execute_at,
+            # The id the caller knows, whatever its tenant (DESIGN.md's bucket formula).
             "bucket": bucket_for(self.id, bucket_count),
             "status": Status.PENDING.value,
             # 0 is below every lease token, so any owner may claim it first.
@@ -107,6 +117,19 @@ class NewSchedule:
             "deliveredAt": None,
             "lastError": None,
         }
+
+
+def storage_id(tenant: str, schedule_id: str) -> str:
+    """The document ``_id`` of a tenant's schedule. The default tenant's ids
+    are stored as they are, as before tenants existed."""
+    if tenant == DEFAULT_TENANT:
+        return schedule_id
+    return f"{tenant}{_TENANT_SEPARATOR}{schedule_id}"
+
+
+def public_id(document_id: str) -> str:
+    """The id the tenant knows, from a document ``_id``."""
+    return document_id.rpartition(_TENANT_SEPARATOR)[2]
 
 
 def parse_time(text: object, field: str) -> datetime:
@@ -131,6 +154,12 @@ def format_time(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def validate_tenant(tenant: object, field: str = "tenant") -> str:
+    if not isinstance(tenant, str) or not _TENANT.match(tenant):
+        raise ValidationFailed("tenant must be 1-64 characters of [A-Za-z0-9._-]", field)
+    return tenant
+
+
 def validate_topic(topic: object, field: str = "topic") -> str:
     if not isinstance(topic, str) or not _TOPIC.match(topic) or topic in {".", ".."}:
         raise ValidationFailed(
@@ -147,12 +176,25 @@ def parse_json(body: bytes) -> Any:
         raise ValidationFailed(f"body is not valid JSON: {exc}") from None
 
 
-def parse_new_schedule(body: bytes, limits: Limits, now: datetime) -> NewSchedule:
+# Which tenant a call acts for, given the ``tenant`` it names (None if it
+# names none); raises when the caller may not act for it (node/auth.py).
+TenantScope = Callable[[str | None], str]
+
+
+def any_tenant(requested: str | None) -> str:
+    return requested or DEFAULT_TENANT
+
+
+def parse_new_schedule(
+    body: bytes, limits: Limits, now: datetime, scope: TenantScope = any_tenant
+) -> NewSchedule:
     """Validate a POST /v1/schedules body. Raises ValidationFailed on any fault."""
-    return parse_schedule_object(parse_json(body), limits, now)
+    return parse_schedule_object(parse_json(body), limits, now, scope)
 
 
-def parse_schedule_object(data: Any, limits: Limits, now: datetime) -> NewSchedule:
+def parse_schedule_object(
+    data: Any, limits: Limits, now: datetime, scope: TenantScope = any_tenant
+) -> NewSchedule:
     """Validate one schedule as decoded JSON (a POST body, or one batch item)."""
     if not isinstance(data, dict):
         raise ValidationFailed("body must be a JSON object")
@@ -168,9 +210,7 @@ def parse_schedule_object(data: Any, limits: Limits, now: datetime) -> NewSchedu
     else:
         schedule_id = uuid.uuid4().hex
 
-    tenant = data.get("tenant", "default")
-    if not isinstance(tenant, str) or not _TENANT.match(tenant):
-        raise ValidationFailed("tenant must be 1-64 characters of [A-Za-z0-9._-]", "tenant")
+    tenant = scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
 
     if "topic" not in data:
         raise ValidationFailed("topic is required", "topic")
@@ -257,7 +297,7 @@ def _parse_headers(headers: object) -> dict[str, str]:
 def public_view(doc: dict[str, Any]) -> dict[str, Any]:
     """The schedule as the API shows it."""
     view: dict[str, Any] = {
-        "id": doc["_id"],
+        "id": public_id(doc["_id"]),
         "tenant": doc["tenant"],
         "topic": doc["topic"],
         "executeAt": format_time(doc["executeAt"]),

@@ -27,6 +27,7 @@ from membership.messages import Event as MembershipEvent
 from membership.messages import State
 from membership.service import Membership
 from node import logs
+from node.admission import Admission
 from node.api import build_app
 from node.config import NodeConfig
 from node.errors import BucketCountMismatch
@@ -36,7 +37,9 @@ from node.metrics import NodeMetrics
 from node.ownership import Ownership
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
+from node.quotas import PendingQuota
 from node.store import DURABLE, RetryPolicy, ScheduleStore, utcnow
+from node.tenants import TenantDirectory, TenantStore
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.service")
@@ -71,6 +74,13 @@ class Node:
             unfenced=unfenced,
         )
         self.metrics.watch_leases(self.leases)
+        self.tenants = TenantStore(database)
+        self.directory = TenantDirectory(self.tenants)
+        self.admission = Admission(
+            self.directory,
+            PendingQuota(self.store.count_pending),
+            alive_nodes=lambda: len(self._alive_members()),
+        )
         self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
         self.poller = BucketPoller(
             self.store,
@@ -185,6 +195,7 @@ class Node:
 
     async def _prepare_store(self) -> None:
         await self.store.prepare(utcnow())
+        await self.tenants.prepare()
 
     async def _retry_until_ready(self, what: str, attempt: Any, stopping: asyncio.Event) -> bool:
         delay = 0.2

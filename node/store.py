@@ -29,7 +29,7 @@ from pymongo.errors import DuplicateKeyError
 
 from node.errors import ApiError, BucketCountMismatch
 from node.group_insert import GroupInserter
-from node.schedules import NewSchedule, Status
+from node.schedules import NewSchedule, Status, public_id
 
 FORMAT_VERSION = 1
 # Journaled on a majority: an acknowledged write survives a crash of the
@@ -72,6 +72,11 @@ INDEXES = [
     # GET /v1/schedules pages by tenant in _id order; a status filter is
     # applied to the page, so status changes do not move this entry.
     IndexSpec("by_tenant_id", [("tenant", ASCENDING), ("_id", ASCENDING)]),
+    # A tenant's PENDING count (its max-pending quota), and its oldest due
+    # work when another tenant's backlog fills the due window (fair polling).
+    IndexSpec(
+        "due_pending_by_tenant", [("tenant", ASCENDING), ("dueAt", ASCENDING)], Status.PENDING.value
+    ),
 ]
 # Indexes of earlier versions, dropped at start-up: full indexes on status.
 SUPERSEDED_INDEXES = ("due", "due_by_bucket", "by_tenant")
@@ -226,7 +231,7 @@ class ScheduleStore:
         except DuplicateKeyError:
             if not new.client_id:
                 raise  # a random 128-bit id collided: let it surface, never overwrite
-        existing = await self.schedules.find_one({"_id": new.id})
+        existing = await self.schedules.find_one({"_id": doc["_id"]})
         if existing is None:  # deleted in between; not something the API does
             raise ApiError(409, "conflict", f"schedule {new.id!r} changed concurrently", "id")
         if existing.get("fingerprint") != doc["fingerprint"]:
@@ -234,6 +239,11 @@ class ScheduleStore:
                 409, "conflict", f"schedule {new.id!r} exists with a different body", "id"
             )
         return existing, False
+
+    async def count_pending(self, tenant: str) -> int:
+        return await self.schedules.count_documents(
+            {"tenant": tenant, "status": Status.PENDING.value}
+        )
 
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
         return await self.schedules.find_one({"_id": schedule_id})
@@ -256,7 +266,8 @@ class ScheduleStore:
             raise ApiError(
                 409,
                 "not_cancellable",
-                f"schedule {schedule_id!r} is {doc['status']} and can no longer be cancelled",
+                f"schedule {public_id(schedule_id)!r} is {doc['status']} "
+                "and can no longer be cancelled",
             )
         return doc
 

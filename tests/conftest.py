@@ -89,6 +89,7 @@ def make_config(
         "buckets": "16",
         "log_format": "console",
         "log_level": "warning",
+        "auth": "off",
     }
     flags.update(overrides)
     return node_config.load(flags, environ={})

@@ -146,7 +146,7 @@ async def test_list_pages_through_everything_once(api: NodeHandle) -> None:
     for schedule_id in ids:
         await api.request("POST", "/v1/schedules", json=schedule(id=schedule_id, tenant="t1"))
     await api.request("POST", "/v1/schedules", json=schedule(id="other-tenant", tenant="t2"))
-    await api.request("DELETE", "/v1/schedules/list-03")
+    await api.request("DELETE", "/v1/schedules/list-03?tenant=t1")
 
     seen: list[str] = []
     cursor = None

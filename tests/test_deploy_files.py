@@ -122,7 +122,11 @@ def test_the_pods_get_only_settings_the_node_knows() -> None:
     container = by_kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0]
     given = {e["name"] for e in container["env"]}
     given |= set(by_kind("ConfigMap")["data"]) | set(by_kind("Secret")["stringData"])
-    assert given <= SETTINGS, given - SETTINGS
+    # Not node settings but read by the preStop hook, which must use them.
+    hook_only = {"ADMIN_API_KEY"}
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert all(f'"{name}"' in pre_stop for name in hook_only)
+    assert given <= SETTINGS | hook_only, given - SETTINGS - hook_only
     assert {"NODE_ID", "ADVERTISE_HOST", "SEEDS", "MONGO_URI", "KAFKA_BOOTSTRAP"} <= given
     # The seed is the headless Service, which must list pods before they are ready.
     gossip = by_kind("ConfigMap")["data"]["SEEDS"].split(":")[0]

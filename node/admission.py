@@ -1,0 +1,79 @@
+"""Whether a tenant may add these schedules now: its allowed topics, its rate
+and its pending cap (node/quotas.py), checked in that order. Every new
+schedule goes through here, one at a time or a batch at once, and each gets
+its own answer, so one refused item of a batch does not refuse the others.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from node.errors import ApiError
+from node.quotas import PendingQuota, RateLimiter
+from node.schedules import NewSchedule
+from node.tenants import TenantDirectory
+
+
+class Admission:
+    def __init__(
+        self,
+        directory: TenantDirectory,
+        pending: PendingQuota,
+        *,
+        alive_nodes: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.pending = pending
+        self.rates = RateLimiter()
+        self.alive_nodes = alive_nodes
+        self.clock = clock
+
+    async def check(self, schedules: Sequence[NewSchedule]) -> list[ApiError | None]:
+        """One answer per schedule: None to go ahead, else the refusal."""
+        answers: list[ApiError | None] = [None] * len(schedules)
+        by_tenant: dict[str, list[int]] = defaultdict(list)
+        for index, new in enumerate(schedules):
+            by_tenant[new.tenant].append(index)
+        now = self.clock()
+        for name, indexes in by_tenant.items():
+            tenant = await self.directory.policy(name)
+            allowed = []
+            for index in indexes:
+                topic = schedules[index].topic
+                if tenant.allows_topic(topic):
+                    allowed.append(index)
+                else:
+                    answers[index] = ApiError(
+                        403,
+                        "topic_not_allowed",
+                        f"tenant {name!r} may publish only to topics starting with "
+                        + ", ".join(repr(p) for p in tenant.topic_prefixes),
+                        "topic",
+                    )
+            admitted, retry_after = self.rates.admit(tenant, len(allowed), now, self.alive_nodes())
+            for index in allowed[admitted:]:
+                answers[index] = ApiError(
+                    429,
+                    "rate_limited",
+                    f"tenant {name!r} is over its rate of {tenant.rate:g} schedules/s",
+                    headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
+                )
+            room = await self.pending.room(tenant, now)
+            if room is None:
+                continue
+            for index in allowed[:admitted][room:]:
+                answers[index] = ApiError(
+                    429,
+                    "quota_exceeded",
+                    f"tenant {name!r} has its maximum of {tenant.max_pending} pending schedules",
+                    # Room appears as schedules fire or are cancelled: no useful hint.
+                    headers={"Retry-After": "1"},
+                )
+        return answers
+
+    def accepted(self, tenant: str, count: int = 1) -> None:
+        self.pending.accepted(tenant, count)

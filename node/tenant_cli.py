@@ -1,0 +1,163 @@
+"""``python -m node tenants {add,list,set,add-key,revoke-key,remove}``:
+manage tenants and API keys directly in the database (MONGO_URI and
+MONGO_DATABASE, as the nodes use them). A new key is printed once, to
+stdout and nowhere else; only its digest is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from node import config as node_config
+from node.tenants import Tenant, TenantError, TenantStore, validate_name
+from node.tenants import unlimited as tenant_defaults
+
+MONGO_SETTINGS = [s for s in node_config.SETTINGS if s.attr in {"mongo_uri", "mongo_database"}]
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return value
+
+
+def _limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="may call the operator routes (/v1/cluster, /v1/admin/)",
+    )
+    parser.add_argument(
+        "--max-pending",
+        type=_nonnegative_int,
+        default=None,
+        help="most PENDING schedules at once (0 clears the limit)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=None,
+        help="new schedules per second, cluster-wide (429 above)",
+    )
+    parser.add_argument(
+        "--burst",
+        type=_nonnegative_int,
+        default=None,
+        help="new schedules at once above the rate (default: one second's worth)",
+    )
+    parser.add_argument(
+        "--topic-prefix",
+        action="append",
+        default=None,
+        dest="topic_prefixes",
+        help="allowed topic prefix, repeatable (default: any topic)",
+    )
+    parser.add_argument("--no-rate", action="store_true", help="remove the rate limit")  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for setting in MONGO_SETTINGS:
+        parser.add_argument(setting.flag, dest=setting.attr, default=None, metavar=setting.env,
+                            help=f"{setting.help} [env {setting.env}]")  # fmt: skip
+    commands = parser.add_subparsers(dest="tenant_command", required=True)
+    add = commands.add_parser("add", help="create a tenant; prints its first API key once")
+    add.add_argument("name")
+    _limits(add)
+    change = commands.add_parser("set", help="change a tenant's limits")
+    change.add_argument("name")
+    _limits(change)
+    commands.add_parser("list", help="tenants, their limits and key hints (JSON lines)")
+    add_key = commands.add_parser("add-key", help="another key for a tenant (rotation)")
+    add_key.add_argument("name")
+    revoke = commands.add_parser("revoke-key", help="revoke a key by its hint or whole")
+    revoke.add_argument("key")
+    remove = commands.add_parser("remove", help="delete a tenant and its keys")
+    remove.add_argument("name")
+
+
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if args.admin is not None:
+        changes["admin"] = args.admin
+    if args.max_pending is not None:
+        changes["max_pending"] = args.max_pending or None
+    if args.rate is not None:
+        changes["rate"] = args.rate
+    if args.no_rate:
+        changes["rate"] = changes["burst"] = None
+    if args.burst is not None:
+        changes["burst"] = args.burst
+    if args.topic_prefixes is not None:
+        changes["topic_prefixes"] = tuple(p for p in args.topic_prefixes if p)
+    return changes
+
+
+async def _run(args: argparse.Namespace, store: TenantStore) -> int:
+    now = datetime.now(UTC)
+    command = args.tenant_command
+    if command == "add":
+        fields = {**vars(tenant_defaults(validate_name(args.name))), **_changes(args)}
+        key = await store.add(Tenant(**fields), now)
+        print(key)
+        print(f"tenant {args.name!r} created; this key is shown only once", file=sys.stderr)
+    elif command == "set":
+        print(json.dumps((await store.update(args.name, **_changes(args))).to_view()))
+    elif command == "list":
+        for tenant, hints in await store.all():
+            print(json.dumps({**tenant.to_view(), "keys": hints}))
+    elif command == "add-key":
+        print(await store.add_key(args.name, now))
+    elif command == "revoke-key":
+        if not await store.revoke_key(args.key):
+            raise TenantError("no such key")
+        print("revoked", file=sys.stderr)
+    elif command == "remove":
+        if not await store.remove(args.name):
+            raise TenantError(f"no tenant {args.name!r}")
+        print(f"tenant {args.name!r} removed", file=sys.stderr)
+    return 0
+
+
+async def _main(args: argparse.Namespace) -> int:
+    values = {}
+    for setting in MONGO_SETTINGS:
+        raw = getattr(args, setting.attr) or os.environ.get(setting.env) or setting.default
+        values[setting.attr] = setting.parse(raw)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        values["mongo_uri"], tz_aware=True, serverSelectionTimeoutMS=5000
+    )
+    try:
+        store = TenantStore(client[values["mongo_database"]])
+        await store.prepare()
+        return await _run(args, store)
+    finally:
+        await client.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (TenantError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except PyMongoError as exc:
+        print(f"error: the database did not answer: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,301 @@
+"""Tenants: API keys, isolation between tenants, topics, rate and pending quotas.
+
+The limits' arithmetic is tested with virtual time; everything else through
+the real HTTP API of a node with auth on, on the embedded store and broker.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from node.quotas import PendingQuota, RateLimiter, TokenBucket
+from node.tenants import Tenant, TenantStore, key_digest
+from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
+
+FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+
+
+def schedule(**fields: Any) -> dict[str, Any]:
+    return {"topic": "tenant-test", "executeAt": FAR, "payload": {"n": 1}, **fields}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# -- the limits, in virtual time ------------------------------------------------
+
+
+def test_token_bucket_admits_the_burst_then_the_rate() -> None:
+    bucket = TokenBucket(rate=2.0, capacity=3.0, tokens=3.0, updated=0.0)
+    assert bucket.take(5, now=0.0) == (3, 0.5)  # the burst; the next token in 1/rate
+    assert bucket.take(1, now=0.25) == (0, 0.25)
+    assert bucket.take(1, now=0.5) == (1, 0.0)
+    assert bucket.take(10, now=100.0)[0] == 3  # never more than the capacity
+
+
+def test_rate_is_shared_among_the_alive_nodes() -> None:
+    limiter = RateLimiter()
+    tenant = Tenant(name="t", rate=10.0, burst=10)
+    taken, retry_after = limiter.admit(tenant, 100, now=0.0, nodes=2)
+    assert (taken, retry_after) == (5, pytest.approx(0.2))
+    # A node joins: the share shrinks, the fill is kept up to the new capacity.
+    taken, _ = limiter.admit(tenant, 100, now=10.0, nodes=5)
+    assert taken == 2
+    assert limiter.admit(Tenant(name="free"), 1000, now=0.0, nodes=1) == (1000, 0.0)
+
+
+async def test_pending_room_counts_the_store_and_what_was_accepted_since() -> None:
+    counted: list[str] = []
+
+    async def count(tenant: str) -> int:
+        counted.append(tenant)
+        return 7
+
+    quota = PendingQuota(count)
+    tenant = Tenant(name="t", max_pending=10)
+    assert await quota.room(tenant, now=0.0) == 3
+    quota.accepted("t", 2)
+    assert await quota.room(tenant, now=0.5) == 1  # cached count + accepted here
+    assert await quota.room(tenant, now=1.5) == 3  # recounted: the store knows them now
+    assert counted == ["t", "t"]
+    assert await quota.room(Tenant(name="free"), now=0.0) is None
+
+
+# -- through the API, auth on ---------------------------------------------------
+
+
+@pytest.fixture
+async def tenants(servers: EmbeddedServers, database_name: str) -> Any:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(servers.mongo_uri, tz_aware=True)
+    store = TenantStore(client[database_name])
+    await store.prepare()
+    yield store
+    await client.close()
+
+
+async def make_tenant(store: TenantStore, name: str, **limits: Any) -> str:
+    return await store.add(Tenant(name=name, **limits), datetime.now(UTC))
+
+
+@pytest.fixture
+async def secured(start_node: NodeFactory) -> NodeHandle:
+    return await start_node(auth="on")
+
+
+async def test_calls_need_a_known_key_but_probes_do_not(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    status, body = await secured.request("POST", "/v1/schedules", json=schedule())
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    async with secured.session.get(secured.url + "/v1/schedules/x") as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    status, _ = await secured.request("GET", "/v1/schedules/x", headers=bearer("sk_made_up"))
+    assert status == 401
+    for open_route in ("/healthz", "/v1/openapi.json", "/metrics"):
+        async with secured.session.get(secured.url + open_route) as response:
+            assert response.status == 200, open_route
+    assert await mongo.schedules.count_documents({}) == 0
+
+
+async def test_a_tenant_never_sees_another_tenants_schedule(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    alice, bob = await make_tenant(tenants, "alice"), await make_tenant(tenants, "bob")
+    status, mine = await secured.request(
+        "POST", "/v1/schedules", json=schedule(id="order-1"), headers=bearer(alice)
+    )
+    assert status == 201 and mine["tenant"] == "alice" and mine["id"] == "order-1"
+
+    # Bob reads, cancels and lists: for him it does not exist.
+    for method in ("GET", "DELETE"):
+        status, body = await secured.request(method, "/v1/schedules/order-1", headers=bearer(bob))
+        assert (status, body["error"]["code"]) == (404, "not_found"), method
+    _, listed = await secured.request("GET", "/v1/schedules", headers=bearer(bob))
+    assert listed["schedules"] == []
+    status, _ = await secured.request("GET", "/v1/schedules?tenant=alice", headers=bearer(bob))
+    assert status == 403
+    # The same id is free for him (ids are per tenant): no 409 that would reveal it.
+    status, his = await secured.request(
+        "POST", "/v1/schedules", json=schedule(id="order-1", topic="other"), headers=bearer(bob)
+    )
+    assert status == 201 and his["tenant"] == "bob"
+    # A key acts only for its own tenant.
+    status, body = await secured.request(
+        "POST", "/v1/schedules", json=schedule(tenant="alice"), headers=bearer(bob)
+    )
+    assert (status, body["error"]["field"]) == (403, "tenant")
+
+    status, still = await secured.request("GET", "/v1/schedules/order-1", headers=bearer(alice))
+    assert (status, still["status"], still["topic"]) == (200, "PENDING", "tenant-test")
+    assert await mongo.schedules.count_documents({}) == 2
+
+
+async def test_operator_routes_need_an_admin_key(secured: NodeHandle, tenants: TenantStore) -> None:
+    user, admin = await make_tenant(tenants, "user"), await make_tenant(tenants, "ops", admin=True)
+    for path in ("/v1/cluster", "/v1/cluster/backlog"):
+        status, body = await secured.request("GET", path, headers=bearer(user))
+        assert (status, body["error"]["code"]) == (403, "forbidden"), path
+        status, _ = await secured.request("GET", path, headers=bearer(admin))
+        assert status == 200, path
+    status, _ = await secured.request("POST", "/v1/admin/drain", headers=bearer(user))
+    assert status == 403
+
+
+async def test_topics_outside_the_allowed_prefixes_are_refused(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    key = await make_tenant(tenants, "billing", topic_prefixes=("billing.",))
+    status, body = await secured.request(
+        "POST", "/v1/schedules", json=schedule(topic="payments.due"), headers=bearer(key)
+    )
+    assert (status, body["error"]["code"], body["error"]["field"]) == (
+        403,
+        "topic_not_allowed",
+        "topic",
+    )
+    status, _ = await secured.request(
+        "POST", "/v1/schedules", json=schedule(topic="billing.due"), headers=bearer(key)
+    )
+    assert status == 201
+    assert await mongo.schedules.count_documents({}) == 1
+
+
+async def test_rate_limit_answers_429_with_retry_after(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    # 0.01/s: the burst of 2 is all the test can get, however slow the machine.
+    key = await make_tenant(tenants, "bursty", rate=0.01, burst=2)
+    for _ in range(2):
+        status, _ = await secured.request(
+            "POST", "/v1/schedules", json=schedule(), headers=bearer(key)
+        )
+        assert status == 201
+    async with secured.session.post(
+        secured.url + "/v1/schedules", json=schedule(), headers=bearer(key)
+    ) as response:
+        assert response.status == 429
+        assert (await response.json())["error"]["code"] == "rate_limited"
+        assert 1 <= int(response.headers["Retry-After"]) <= 100
+    # A batch is admitted item by item.
+    _, batch = await secured.request(
+        "POST", "/v1/schedules:batch", json={"schedules": [schedule()] * 3}, headers=bearer(key)
+    )
+    assert [r["status"] for r in batch["results"]] == [429, 429, 429]
+    assert await mongo.schedules.count_documents({"tenant": "bursty"}) == 2
+
+
+async def test_pending_quota_refuses_above_the_cap_and_frees_on_cancel(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    key = await make_tenant(tenants, "capped", max_pending=3)
+    _, batch = await secured.request(
+        "POST",
+        "/v1/schedules:batch",
+        json={"schedules": [schedule(id=f"c{i}") for i in range(5)]},
+        headers=bearer(key),
+    )
+    assert [r["status"] for r in batch["results"]] == [201, 201, 201, 429, 429]
+    assert batch["results"][3]["error"]["code"] == "quota_exceeded"
+    status, _ = await secured.request("POST", "/v1/schedules", json=schedule(), headers=bearer(key))
+    assert status == 429
+    assert await mongo.schedules.count_documents({"tenant": "capped"}) == 3
+
+    status, _ = await secured.request("DELETE", "/v1/schedules/c0", headers=bearer(key))
+    assert status == 200
+
+    async def room_again() -> bool:
+        status, _ = await secured.request(
+            "POST", "/v1/schedules", json=schedule(id="c5"), headers=bearer(key)
+        )
+        return status == 201
+
+    await wait_until(room_again, what="the cancelled schedule's room to be counted")
+
+
+async def test_ctl_sends_the_api_key(secured: NodeHandle, tenants: TenantStore) -> None:
+    from tests.test_ctl import ctl
+
+    admin = await make_tenant(tenants, "ctl-ops", admin=True)
+    code, _ = await ctl(secured, "members")
+    assert code == 1  # refused: 401
+    code, out = await ctl(secured, "--api-key", admin, "members")
+    assert (code, "node-a" in out) == (0, True)
+
+
+async def test_revoked_key_stops_working(secured: NodeHandle, tenants: TenantStore) -> None:
+    key = await make_tenant(tenants, "rotating")
+    status, _ = await secured.request("GET", "/v1/schedules", headers=bearer(key))
+    assert status == 200
+    assert await tenants.revoke_key(key) == 1
+
+    async def refused() -> bool:
+        status, _ = await secured.request("GET", "/v1/schedules", headers=bearer(key))
+        return status == 401
+
+    await wait_until(refused, what="the revoked key to be refused")
+
+
+async def test_delivery_carries_the_tenant_and_its_own_id(
+    secured: NodeHandle, tenants: TenantStore, servers: EmbeddedServers
+) -> None:
+    topic = unique("tenant-delivery")
+    key = await make_tenant(tenants, "acme")
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    status, _ = await secured.request(
+        "POST",
+        "/v1/schedules",
+        json=schedule(id="reminder-1", topic=topic, executeAt=now),
+        headers=bearer(key),
+    )
+    assert status == 201
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        [record] = await reader.wait_for(1)
+    headers = dict(record.headers)
+    assert (headers["schedule-id"], headers["tenant"], record.key) == (
+        b"reminder-1",
+        b"acme",
+        b"reminder-1",
+    )
+
+
+def test_cli_prints_the_key_once_and_stores_only_its_digest(
+    servers: EmbeddedServers, database_name: str
+) -> None:
+    env = {"MONGO_URI": servers.mongo_uri, "MONGO_DATABASE": database_name}
+    argv = [sys.executable, "-m", "node", "tenants"]
+    added = subprocess.run(
+        [*argv, "add", "cli-tenant", "--rate", "5", "--topic-prefix", "cli."],
+        env={**env, "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    key = added.stdout.strip()
+    assert key.startswith("sk_") and len(key) > 40
+    listed = subprocess.run(
+        [*argv, "list"], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert '"name": "cli-tenant"' in listed.stdout and '"rate": 5.0' in listed.stdout
+    assert key not in listed.stdout
+    again = subprocess.run(
+        [*argv, "add", "cli-tenant"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 1 and "exists" in again.stderr
+
+    from pymongo import MongoClient
+
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(servers.mongo_uri) as client:
+        stored: list[dict[str, Any]] = list(client[database_name].api_keys.find())
+        assert [k["_id"] for k in stored] == [key_digest(key)]
+        assert key not in repr(stored)
