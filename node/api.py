@@ -28,13 +28,13 @@ from node.schedules import (
     parse_json,
     parse_new_schedule,
     parse_schedule_object,
-    parse_time,
     public_id,
     public_view,
     storage_id,
     validate_tenant,
 )
 from node.store import utcnow
+from node.times import parse_time
 
 if TYPE_CHECKING:
     from node.service import Node
@@ -117,6 +117,7 @@ def _limits(node: Node) -> Limits:
     return Limits(
         max_payload_bytes=node.config.max_payload_bytes,
         horizon=timedelta(seconds=node.config.horizon),
+        retry=node.poller.retry_policy,
     )
 
 

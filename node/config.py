@@ -331,6 +331,18 @@ SETTINGS: tuple[Setting, ...] = (
         help="longest retry delay",
     ),
     Setting(
+        attr="misfire_threshold",
+        env="MISFIRE_THRESHOLD",
+        flag="--misfire-threshold",
+        default="60",
+        parse=_parse_seconds(1, 86400),
+        # Quartz's misfireThreshold: a lateness any failover causes (lease
+        # TTL plus detection, about 15 s) stays below it, so an ordinary
+        # hand-over delivers every occurrence whatever the policy.
+        help="seconds an occurrence of a recurring schedule may be late before it counts "
+        "as missed and its misfire policy (fire_once, fire_all, skip) applies",
+    ),
+    Setting(
         attr="dead_letter_topic",
         env="DEAD_LETTER_TOPIC",
         flag="--dead-letter-topic",
@@ -391,6 +403,7 @@ class NodeConfig:
     max_attempts: int
     retry_backoff: float
     retry_backoff_max: float
+    misfire_threshold: float = 60.0
     dead_letter_topic: str
     log_format: str
     log_level: str

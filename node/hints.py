@@ -16,7 +16,7 @@ import aiohttp
 import structlog
 
 from node.metrics import NodeMetrics
-from node.schedules import format_time
+from node.times import format_time
 
 log = structlog.get_logger("node.hints")
 

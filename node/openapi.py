@@ -81,9 +81,50 @@ SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "Recurrence": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "exactly one of every and cron; each occurrence is delivered "
+        "once, under the same guarantees as a one-shot schedule",
+        "properties": {
+            "every": {"type": "string", "description": "ISO 8601 duration, PT1S to P3660D"},
+            "cron": {"type": "string", "description": "5 fields: minute hour day month weekday"},
+            "timeZone": {"type": "string", "default": "UTC", "description": "IANA, cron only"},
+            "start": {"type": "string", "format": "date-time"},
+            "end": {"type": "string", "format": "date-time"},
+            "misfire": {
+                "type": "string",
+                "enum": ["fire_once", "fire_all", "skip"],
+                "default": "fire_once",
+                "description": "occurrences missed by more than MISFIRE_THRESHOLD",
+            },
+            "maxCatchUp": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
+        },
+    },
+    "RetryPolicy": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "absent fields take the node's MAX_ATTEMPTS and RETRY_BACKOFF(_MAX)",
+        "properties": {
+            "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 100},
+            "initialBackoff": {"type": "string", "description": "ISO 8601 duration"},
+            "maxBackoff": {"type": "string", "description": "ISO 8601 duration, at most P1D"},
+        },
+    },
+    "Occurrence": {
+        "type": "object",
+        "properties": {
+            "executeAt": {"type": "string", "format": "date-time"},
+            "outcome": {"type": "string", "enum": ["delivered", "failed", "skipped"]},
+            "at": {"type": "string", "format": "date-time"},
+            "attempts": {"type": "integer"},
+            "error": {"type": ["string", "null"]},
+        },
+    },
     "NewSchedule": {
         "type": "object",
-        "required": ["topic", "executeAt"],
+        "required": ["topic"],
+        "oneOf": [{"required": ["executeAt"]}, {"required": ["recurrence"]}],
         "additionalProperties": False,
         "properties": {
             "id": {
@@ -93,6 +134,8 @@ SCHEMAS: dict[str, Any] = {
             },
             "topic": {"type": "string", "description": "Kafka topic"},
             "executeAt": {"type": "string", "format": "date-time"},
+            "recurrence": _ref("Recurrence"),
+            "retry": _ref("RetryPolicy"),
             "payload": {"description": "any JSON; sent as UTF-8 JSON"},
             "payloadBase64": {"type": "string", "description": "raw bytes instead of payload"},
             "key": {"type": "string", "description": "Kafka record key (default: the id)"},
@@ -122,6 +165,20 @@ SCHEMAS: dict[str, Any] = {
             "createdAt": {"type": ["string", "null"], "format": "date-time"},
             "payload": {},
             "payloadBase64": {"type": "string"},
+            "retry": _ref("RetryPolicy"),
+            "recurrence": _ref("Recurrence"),
+            "nextExecuteAt": {
+                "type": ["string", "null"],
+                "format": "date-time",
+                "description": "recurring: the occurrence due next; null once the chain ended",
+            },
+            "occurrences": {"type": "integer", "description": "recurring: completed so far"},
+            "skippedOccurrences": {"type": "integer"},
+            "lastOccurrences": {
+                "type": "array",
+                "items": _ref("Occurrence"),
+                "description": "recurring: the last 10, newest first",
+            },
         },
     },
     "BatchResult": {

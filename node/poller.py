@@ -40,7 +40,9 @@ from pymongo.errors import PyMongoError
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
 from node.publisher import KafkaPublisher, Record, build_record
-from node.store import Claimed, Failure, RetryPolicy, ScheduleStore, utcnow
+from node.recurrence import Recurrence
+from node.retry import RetryPolicy, policy_of
+from node.store import Claimed, Failure, ScheduleStore, utcnow
 
 log = structlog.get_logger("node.poller")
 
@@ -224,6 +226,7 @@ class BucketPoller:
             log.warning(
                 "lease gone mid-batch (expired or handed over)", abandoned=len(claimed) - len(live)
             )
+        live = await self._skip_misfired(live)
         if not live:
             return
         records = [build_record(c.doc, c.token, c.attempt) for c in live]
@@ -268,8 +271,34 @@ class BucketPoller:
         if failures:
             await self._fail(failures, done_at)
 
+    async def _skip_misfired(self, claimed: list[Claimed]) -> list[Claimed]:
+        """Occurrences of recurring schedules whose misfire policy is skip and
+        which are too late are not published: their chain moves on. The rest
+        go ahead."""
+        now = self.wall()
+        threshold = self.store.misfire_threshold
+        skipped = [
+            c
+            for c in claimed
+            if c.recurring
+            and Recurrence.from_document(c.doc["recurrence"]).should_skip(
+                _aware(c.doc["executeAt"]), now, threshold
+            )
+        ]
+        if not skipped:
+            return claimed
+        moved = await self.store.skip_occurrences(skipped, now)
+        self.metrics.deliveries.labels("skipped").inc(moved)
+        log.info("missed occurrences skipped", count=len(skipped), ids=[c.id for c in skipped][:20])
+        skipped_ids = {c.id for c in skipped}
+        return [c for c in claimed if c.id not in skipped_ids]
+
     async def _fail(self, failures: list[Failure], now: datetime) -> None:
-        exhausted = [f for f in failures if f.claimed.attempt >= self.retry_policy.max_attempts]
+        exhausted = [
+            f
+            for f in failures
+            if f.claimed.attempt >= policy_of(f.claimed.doc, self.retry_policy).max_attempts
+        ]
         if exhausted and self.dead_letter_topic:
             await self._dead_letter(exhausted)
         outcome = await self.store.record_failures(failures, self.retry_policy, now)

@@ -17,7 +17,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from node.schedules import format_time, public_id
+from node.schedules import public_id
+from node.times import format_time
 
 
 @dataclass(frozen=True)

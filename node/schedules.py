@@ -17,11 +17,14 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import ValidationFailed
+from node.recurrence import Recurrence, parse_recurrence
+from node.retry import DEFAULT_POLICY, RetryPolicy, parse_retry
 from node.tenants import DEFAULT_TENANT
+from node.times import format_time, parse_time
 from ring import bucket_for
 
 
@@ -43,11 +46,23 @@ _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _TENANT_SEPARATOR = "/"
 # Kafka's legal topic characters and length (kafka.common.internals.Topic).
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-# RFC 3339 date-time: a 'T' (or space-free 't') separator and an explicit offset.
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 _ALLOWED_FIELDS = frozenset(
-    {"id", "topic", "executeAt", "payload", "payloadBase64", "key", "headers", "tenant"}
+    {
+        "id",
+        "topic",
+        "executeAt",
+        "recurrence",
+        "payload",
+        "payloadBase64",
+        "key",
+        "headers",
+        "tenant",
+        "retry",
+    }
 )
+# A recurring schedule keeps its last few occurrences (GET shows them); the
+# full record of every attempt is its history (node/history.py).
+RECENT_OCCURRENCES = 10
 MAX_KEY_BYTES = 1024
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8 * 1024
@@ -57,6 +72,7 @@ MAX_HEADER_BYTES = 8 * 1024
 class Limits:
     max_payload_bytes: int
     horizon: timedelta
+    retry: RetryPolicy = DEFAULT_POLICY  # the node's, completing a partial "retry"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,21 +88,26 @@ class NewSchedule:
     payload_format: str  # "json" or "base64": how GET shows it back
     key: str | None
     headers: dict[str, str]
+    recurrence: Recurrence | None = None
+    # The recurrence as the caller wrote it: its first occurrence (and an
+    # interval's anchor) depend on when it arrived, a repeat must still match.
+    recurrence_request: str | None = None
+    retry: RetryPolicy | None = None
 
     def fingerprint(self) -> str:
         """A digest of everything but the id: the same id with another body is a 409."""
-        canonical = json.dumps(
-            [
-                self.tenant,
-                self.topic,
-                self.execute_at.isoformat(),
-                base64.b64encode(self.payload).decode(),
-                self.payload_format,
-                self.key,
-                sorted(self.headers.items()),
-            ],
-            separators=(",", ":"),
-        )
+        parts: list[Any] = [
+            self.tenant,
+            self.topic,
+            self.recurrence_request or self.execute_at.isoformat(),
+            base64.b64encode(self.payload).decode(),
+            self.payload_format,
+            self.key,
+            sorted(self.headers.items()),
+        ]
+        if self.retry is not None:  # appended: one-shot digests stay what they were
+            parts.append(self.retry.to_document())
+        canonical = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
@@ -94,6 +115,20 @@ class NewSchedule:
         return storage_id(self.tenant, self.id)
 
     def to_document(self, bucket_count: int, now: datetime) -> dict[str, Any]:
+        doc = self._base_document(bucket_count, now)
+        if self.retry is not None:
+            doc["retry"] = self.retry.to_document()
+        if self.recurrence is not None:
+            # executeAt is the occurrence due next; completing it writes the
+            # one after (node/store.py), so the chain lives in one document.
+            doc["recurrence"] = self.recurrence.to_document()
+            doc["occurrences"] = 0
+            doc["skippedOccurrences"] = 0
+            doc["lateStreak"] = 0
+            doc["recent"] = []
+        return doc
+
+    def _base_document(self, bucket_count: int, now: datetime) -> dict[str, Any]:
         return {
             "_id": self.storage_id,
             "tenant": self.tenant,
@@ -130,28 +165,6 @@ def storage_id(tenant: str, schedule_id: str) -> str:
 def public_id(document_id: str) -> str:
     """The id the tenant knows, from a document ``_id``."""
     return document_id.rpartition(_TENANT_SEPARATOR)[2]
-
-
-def parse_time(text: object, field: str) -> datetime:
-    if not isinstance(text, str) or not _RFC3339.match(text):
-        raise ValidationFailed(
-            f"{field} must be an RFC 3339 time with an offset, like 2030-01-02T03:04:05Z", field
-        )
-    try:
-        parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ValidationFailed(f"{field} is not a valid time: {exc}", field) from None
-    parsed = parsed.astimezone(UTC)
-    # BSON dates hold milliseconds; keep what is stored and what is compared equal.
-    return parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
-
-
-def format_time(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:  # pymongo returns naive UTC unless tz_aware
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def validate_tenant(tenant: object, field: str = "tenant") -> str:
@@ -216,14 +229,25 @@ def parse_schedule_object(
         raise ValidationFailed("topic is required", "topic")
     topic = validate_topic(data["topic"])
 
-    if "executeAt" not in data:
-        raise ValidationFailed("executeAt is required", "executeAt")
-    execute_at = parse_time(data["executeAt"], "executeAt")
+    if ("executeAt" in data) == ("recurrence" in data):
+        raise ValidationFailed("exactly one of executeAt or recurrence is required", "executeAt")
+    recurrence, recurrence_request = None, None
+    if "recurrence" in data:
+        recurrence = parse_recurrence(data["recurrence"], now)
+        recurrence_request = json.dumps(data["recurrence"], sort_keys=True)
+        first = recurrence.first(now)
+        if first is None:  # parse_recurrence refuses a chain with no occurrence
+            raise ValidationFailed("recurrence has no occurrence", "recurrence")
+        execute_at, when_field = first, "recurrence"
+    else:
+        execute_at, when_field = parse_time(data["executeAt"], "executeAt"), "executeAt"
     if execute_at - now > limits.horizon:
         raise ValidationFailed(
-            f"executeAt is beyond the horizon of {limits.horizon.total_seconds():g} s from now",
-            "executeAt",
+            f"the first occurrence is beyond the horizon of "
+            f"{limits.horizon.total_seconds():g} s from now",
+            when_field,
         )
+    retry = parse_retry(data["retry"], limits.retry) if "retry" in data else None
 
     payload, payload_format = _parse_payload(data, limits)
 
@@ -242,6 +266,9 @@ def parse_schedule_object(
         payload_format=payload_format,
         key=key,
         headers=headers,
+        recurrence=recurrence,
+        recurrence_request=recurrence_request,
+        retry=retry,
     )
 
 
@@ -294,6 +321,27 @@ def _parse_headers(headers: object) -> dict[str, str]:
     return dict(headers)
 
 
+def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
+    live = doc["status"] in {Status.PENDING.value, Status.IN_FLIGHT.value}
+    return {
+        "recurrence": Recurrence.from_document(doc["recurrence"]).to_view(),
+        # executeAt is the occurrence under way or due next; none once ended.
+        "nextExecuteAt": format_time(doc["executeAt"]) if live else None,
+        "occurrences": doc.get("occurrences", 0),
+        "skippedOccurrences": doc.get("skippedOccurrences", 0),
+        "lastOccurrences": [
+            {
+                "executeAt": format_time(o["executeAt"]),
+                "outcome": o["outcome"],
+                "at": format_time(o["at"]),
+                "attempts": o.get("attempts", 0),
+                "error": o.get("error"),
+            }
+            for o in reversed(doc.get("recent") or [])
+        ],
+    }
+
+
 def public_view(doc: dict[str, Any]) -> dict[str, Any]:
     """The schedule as the API shows it."""
     view: dict[str, Any] = {
@@ -312,6 +360,10 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
     }
     if doc["status"] == Status.PENDING.value and doc.get("dueAt") != doc["executeAt"]:
         view["nextAttemptAt"] = format_time(doc.get("dueAt"))
+    if doc.get("retry"):
+        view["retry"] = RetryPolicy.from_document(doc["retry"]).to_view()
+    if doc.get("recurrence"):
+        view.update(_recurrence_view(doc))
     payload = bytes(doc.get("payload", b""))
     if doc.get("payloadFormat") == "json":
         view["payload"] = json.loads(payload)

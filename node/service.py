@@ -38,7 +38,8 @@ from node.ownership import Ownership
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
 from node.quotas import PendingQuota
-from node.store import DURABLE, RetryPolicy, ScheduleStore, utcnow
+from node.retry import RetryPolicy
+from node.store import DURABLE, ScheduleStore, utcnow
 from node.tenants import TenantDirectory, TenantStore
 from ring import PLACEMENT_VERSION, parse_version
 
@@ -64,7 +65,12 @@ class Node:
         )
         database = self.client[config.mongo_database]
         unfenced = config.chaos_mode == "unfenced"
-        self.store = ScheduleStore(database, config.buckets, unfenced=unfenced)
+        self.store = ScheduleStore(
+            database,
+            config.buckets,
+            unfenced=unfenced,
+            misfire_threshold=timedelta(seconds=config.misfire_threshold),
+        )
         # A lease write lost in a database crash could move a token backwards
         # and undo the fence: leases are written as durably as schedules.
         self.leases = LeaseManager(

@@ -29,7 +29,9 @@ from pymongo.errors import DuplicateKeyError
 
 from node.errors import ApiError, BucketCountMismatch
 from node.group_insert import GroupInserter
-from node.schedules import NewSchedule, Status, public_id
+from node.recurrence import Recurrence
+from node.retry import RetryPolicy, policy_of
+from node.schedules import RECENT_OCCURRENCES, NewSchedule, Status, public_id
 
 FORMAT_VERSION = 1
 # Journaled on a majority: an acknowledged write survives a crash of the
@@ -87,6 +89,7 @@ MAX_WINDOW_PAGE = 5000
 # its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
 # 20 (measured); a real MongoDB does not care either way.
 IDS_PER_STATEMENT = 20
+DEFAULT_MISFIRE_THRESHOLD = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,10 @@ class Claimed:
     @property
     def bucket(self) -> int:
         return int(self.doc["bucket"])
+
+    @property
+    def recurring(self) -> bool:
+        return bool(self.doc.get("recurrence"))
 
     @property
     def attempt(self) -> int:
@@ -122,20 +129,6 @@ class FailureOutcome:
     failed: list[Claimed]
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int
-    backoff: timedelta
-    backoff_max: timedelta
-
-    def delay(self, attempt: int, rng: random.Random) -> timedelta:
-        """Exponential backoff with full jitter (AWS Architecture Blog,
-        "Exponential Backoff and Jitter"): spreads retries of a failed batch."""
-        ceiling = min(self.backoff_max, self.backoff * (2 ** max(attempt - 1, 0)))
-        jittered: timedelta = ceiling * (0.5 + rng.random() / 2)
-        return jittered
-
-
 class ScheduleStore:
     def __init__(
         self,
@@ -143,11 +136,15 @@ class ScheduleStore:
         bucket_count: int,
         *,
         unfenced: bool = False,
+        misfire_threshold: timedelta = DEFAULT_MISFIRE_THRESHOLD,
     ) -> None:
         self.database = database
         # Chaos testing only (CHAOS_MODE=unfenced): owner writes carry no
         # token condition, so the chaos checker can prove it sees the result.
         self.unfenced = unfenced
+        # How late an occurrence of a recurring schedule may run before it
+        # counts as missed (its misfire policy then applies).
+        self.misfire_threshold = misfire_threshold
         self.bucket_count = bucket_count
         self.schedules: AsyncCollection[dict[str, Any]] = database["schedules"]
         self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"].with_options(
@@ -263,6 +260,14 @@ class ScheduleStore:
         if doc is None:
             return None
         if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
+            if doc.get("recurrence") and doc["status"] == Status.IN_FLIGHT.value:
+                raise ApiError(
+                    409,
+                    "not_cancellable",
+                    f"an occurrence of {public_id(schedule_id)!r} is being delivered; "
+                    "cancel again in a moment to end the chain",
+                    headers={"Retry-After": "1"},
+                )
             raise ApiError(
                 409,
                 "not_cancellable",
@@ -379,11 +384,18 @@ class ScheduleStore:
         return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs if doc["_id"] in mine]
 
     async def mark_delivered(self, delivered: Sequence[Claimed], now: datetime) -> int:
-        """IN_FLIGHT -> DELIVERED, only where this token still holds it."""
+        """IN_FLIGHT -> DELIVERED, only where this token still holds it; a
+        recurring schedule moves on to its next occurrence in the same write."""
         by_token: dict[int, list[str]] = defaultdict(list)  # grouped as in claim
+        ops: list[UpdateMany | UpdateOne] = []
         for item in delivered:
-            by_token[item.token].append(item.id)
-        ops = [
+            if item.recurring:
+                ops.append(
+                    UpdateOne(self._owned(item), self._next_occurrence(item, "delivered", now))
+                )
+            else:
+                by_token[item.token].append(item.id)
+        ops.extend(
             UpdateMany(
                 {
                     "_id": {"$in": chunk},
@@ -394,43 +406,94 @@ class ScheduleStore:
             )
             for token, ids in by_token.items()
             for chunk in _chunks(ids)
-        ]
+        )
         if not ops:
             return 0
         result = await self.schedules.bulk_write(ops, ordered=False)
         return result.modified_count
 
+    async def skip_occurrences(self, skipped: Sequence[Claimed], now: datetime) -> int:
+        """Recurring schedules under the skip misfire policy whose occurrence
+        is too late: not delivered, on to the next occurrence (fenced)."""
+        ops = [UpdateOne(self._owned(i), self._next_occurrence(i, "skipped", now)) for i in skipped]
+        if not ops:
+            return 0
+        return (await self.schedules.bulk_write(ops, ordered=False)).modified_count
+
     async def record_failures(
-        self, failures: Sequence[Failure], policy: RetryPolicy, now: datetime
+        self, failures: Sequence[Failure], default: RetryPolicy, now: datetime
     ) -> FailureOutcome:
-        """Back to PENDING with a later dueAt, or DELIVERY_FAILED past the limit."""
+        """Back to PENDING with a later dueAt, or DELIVERY_FAILED past the
+        schedule's retry limit (a recurring one goes on to its next occurrence)."""
         ops: list[UpdateOne] = []
         failed: list[Claimed] = []
         retried = 0
         for failure in failures:
             item = failure.claimed
-            fence = {
-                "_id": item.id,
-                "status": Status.IN_FLIGHT.value,
-                **self._fence("$eq", item.token),
-            }
+            policy = policy_of(item.doc, default)
             if item.attempt >= policy.max_attempts:
                 failed.append(item)
-                update: dict[str, Any] = {
-                    "status": Status.DELIVERY_FAILED.value,
-                    "lastError": failure.error,
-                }
+                if item.recurring:
+                    update = self._next_occurrence(item, "failed", now, failure.error)
+                else:
+                    update = {
+                        "$set": {"status": Status.DELIVERY_FAILED.value, "lastError": failure.error}
+                    }
             else:
                 retried += 1
                 update = {
-                    "status": Status.PENDING.value,
-                    "dueAt": now + policy.delay(item.attempt, self._rng),
-                    "lastError": failure.error,
+                    "$set": {
+                        "status": Status.PENDING.value,
+                        "dueAt": now + policy.delay(item.attempt, self._rng),
+                        "lastError": failure.error,
+                    }
                 }
-            ops.append(UpdateOne(fence, {"$set": update}))
+            ops.append(UpdateOne(self._owned(item), update))
         if ops:
             await self.schedules.bulk_write(ops, ordered=False)
         return FailureOutcome(retried=retried, failed=failed)
+
+    def _owned(self, item: Claimed) -> dict[str, Any]:
+        """The filter of a write completing one claimed schedule."""
+        return {"_id": item.id, "status": Status.IN_FLIGHT.value, **self._fence("$eq", item.token)}
+
+    def _next_occurrence(
+        self, item: Claimed, outcome: str, now: datetime, error: str | None = None
+    ) -> dict[str, Any]:
+        """The update completing a recurring schedule's occurrence: the record
+        of this one and the next one, PENDING (or the chain's end), in one
+        write, so a crash can neither lose the chain nor run an occurrence twice
+        on purpose (only the at-least-once repeat of an unmarked publish)."""
+        current = _aware(item.doc["executeAt"])
+        advance = Recurrence.from_document(item.doc["recurrence"]).advance(
+            current, now, int(item.doc.get("lateStreak", 0)), self.misfire_threshold
+        )
+        record = {
+            "executeAt": current,
+            "outcome": outcome,
+            "at": now,
+            "attempts": item.attempt,
+            "token": item.token,
+            "error": error,
+        }
+        fields: dict[str, Any] = {"lastError": error, "lateStreak": advance.late_streak}
+        if outcome == "delivered":
+            fields["deliveredAt"] = now
+        if advance.next_at is None:  # the chain is over: its last outcome is its status
+            failed = outcome == "failed"
+            fields["status"] = (Status.DELIVERY_FAILED if failed else Status.DELIVERED).value
+        else:
+            fields.update(
+                status=Status.PENDING.value,
+                executeAt=advance.next_at,
+                dueAt=advance.next_at,
+                attempts=0,
+            )
+        return {
+            "$set": fields,
+            "$inc": {"occurrences": 1, "skippedOccurrences": advance.skipped},
+            "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
+        }
 
     def _fence(self, operator: str, token: int) -> dict[str, Any]:
         """The token condition of an owner write."""
@@ -472,6 +535,10 @@ class ScheduleStore:
 
 def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + IDS_PER_STATEMENT] for i in range(0, len(ids), IDS_PER_STATEMENT)]
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def utcnow() -> datetime:

@@ -81,7 +81,7 @@ async def test_record_has_key_value_and_headers_and_is_never_early(
     assert int(headers["fence-token"]) >= 1
     assert headers["trace-id"] == b"abc"
 
-    done = await wait_status(node, "remind-1", "DELIVERED")
+    done = await wait_status(node, "remind-1?tenant=shop", "DELIVERED")
     assert done["attempts"] == 1
     assert parse(done["deliveredAt"]) >= parse(done["executeAt"])
     assert record.timestamp / 1000 >= parse(execute_at).timestamp()

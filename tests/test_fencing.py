@@ -14,8 +14,9 @@ from node.leases import LeaseManager
 from node.metrics import NodeMetrics
 from node.poller import BucketPoller
 from node.publisher import KafkaPublisher, Record
+from node.retry import RetryPolicy
 from node.schedules import Limits, parse_new_schedule
-from node.store import RetryPolicy, ScheduleStore
+from node.store import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
 
 

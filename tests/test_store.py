@@ -38,7 +38,14 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
     await mongo.schedules.create_index([("tenant", 1), ("status", 1), ("_id", 1)], name="by_tenant")
     await ScheduleStore(mongo, 64).prepare(datetime.now(UTC))
     indexes = set(await mongo.schedules.index_information())
-    assert indexes == {"_id_", "due_pending", "due_pending_by_bucket", "in_flight", "by_tenant_id"}
+    assert indexes == {
+        "_id_",
+        "due_pending",
+        "due_pending_by_bucket",
+        "in_flight",
+        "by_tenant_id",
+        "due_pending_by_tenant",
+    }
 
 
 async def test_a_node_with_another_bucket_count_refuses_to_start(
