@@ -351,3 +351,83 @@ async def test_bad_retry_policies_are_refused(
     )
     assert (status, body["error"]["field"]) == (400, field), body
     assert await mongo.schedules.count_documents({}) == 0
+
+
+class VirtualWall:
+    """The poller's wall clock, moved by the test: a night with a DST switch
+    passes in a second, through the real store and broker."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def test_dst_switch_nights_through_the_real_stack(
+    start_node: NodeFactory, servers: EmbeddedServers, database_name: str
+) -> None:
+    """Europe/Berlin 2027: 28 March 02:00 CET -> 03:00 CEST, 31 October
+    03:00 CEST -> 02:00 CET. A job at 02:30 runs once each night (in the gap:
+    when it ends); an hourly job runs every real hour, twice at 02:30 in
+    October."""
+    topic = unique("dst")
+    wall = VirtualWall(datetime(2027, 3, 27, 22, tzinfo=UTC))
+    node = Node(make_config(servers, database_name))
+    node.poller.wall = wall
+    handle = await start_node(node)
+    chains = {
+        "spring-fixed": ("30 2 * * *", "2027-03-27T22:00:00Z", "2027-03-28T22:00:00Z"),
+        "spring-hourly": ("30 * * * *", "2027-03-27T23:45:00Z", "2027-03-28T02:00:00Z"),
+        "autumn-fixed": ("30 2 * * *", "2027-10-30T22:00:00Z", "2027-10-31T22:00:00Z"),
+        "autumn-hourly": ("30 * * * *", "2027-10-30T23:00:00Z", "2027-10-31T03:00:00Z"),
+    }
+    for name, (cron, start, end) in chains.items():
+        status, body = await handle.request(
+            "POST",
+            "/v1/schedules",
+            json={
+                "id": name,
+                "topic": topic,
+                "payload": name,
+                "recurrence": {
+                    "cron": cron,
+                    "timeZone": "Europe/Berlin",
+                    "start": start,
+                    "end": end,
+                },
+            },
+        )
+        assert status == 201, body
+    # Move the poller's clock to each next occurrence in turn.
+    while True:
+        views = [await get(handle, name) for name in chains]
+        upcoming = [parse(v["nextExecuteAt"]) for v in views if v["nextExecuteAt"]]
+        if not upcoming:
+            break
+        due = min(upcoming)
+        done_before = sum(v["occurrences"] for v in views)
+        wall.now = due + timedelta(milliseconds=500)
+        node.poller.leases_changed()  # wake it: its sleep was for the old time
+
+        async def advanced(before: int = done_before) -> bool:
+            views = [await get(handle, name) for name in chains]
+            return sum(v["occurrences"] for v in views) > before
+
+        await wait_until(advanced, what=f"the occurrence at {due}")
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        records = await reader.wait_for(8)
+    assert execute_ats(records, "spring-fixed") == ["2027-03-28T01:00:00.000Z"]  # 03:00 CEST
+    assert execute_ats(records, "spring-hourly") == [
+        "2027-03-28T00:30:00.000Z",  # 01:30 CET
+        "2027-03-28T01:30:00.000Z",  # 03:30 CEST, one real hour later
+    ]
+    assert execute_ats(records, "autumn-fixed") == ["2027-10-31T00:30:00.000Z"]  # 02:30 CEST
+    assert execute_ats(records, "autumn-hourly") == [
+        "2027-10-30T23:30:00.000Z",  # 01:30 CEST
+        "2027-10-31T00:30:00.000Z",  # 02:30 CEST
+        "2027-10-31T01:30:00.000Z",  # 02:30 CET
+        "2027-10-31T02:30:00.000Z",  # 03:30 CET
+    ]
+    for name in chains:
+        assert (await get(handle, name))["status"] == "DELIVERED"
