@@ -20,6 +20,7 @@ from pymongo.errors import PyMongoError
 
 from node.auth import CALLER, Caller, identify
 from node.errors import ApiError, ValidationFailed
+from node.history import public_record
 from node.openapi import document as openapi_document
 from node.schedules import (
     Limits,
@@ -220,11 +221,11 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return body
 
 
-def _schedule_id(request: web.Request) -> str:
+def _schedule_id(request: web.Request, also: frozenset[str] | set[str] = frozenset()) -> str:
     """The stored id of the schedule a route names, in the caller's tenant
     (with auth off, the ``tenant`` query parameter's, default ``default``).
     Another tenant's schedule is then simply not found."""
-    unknown = sorted(set(request.query) - {"tenant"})
+    unknown = sorted(set(request.query) - {"tenant", *also})
     if unknown:
         raise ValidationFailed(f"unknown query parameter {unknown[0]!r}", unknown[0])
     requested = request.query.get("tenant")
@@ -259,6 +260,26 @@ async def cancel_schedule(request: web.Request) -> web.Response:
         token=doc.get("token", 0),
     )
     return json_response(public_view(doc))
+
+
+async def schedule_history(request: web.Request) -> web.Response:
+    """Every delivery attempt of a schedule still kept, newest first."""
+    node = request.app[NODE_KEY]
+    limit_text = request.query.get("limit", str(DEFAULT_PAGE))
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    stored_id = _schedule_id(request, also={"limit"})
+    if await node.store.get(stored_id) is None:
+        raise _not_found(stored_id)
+    records = await node.history.of(stored_id, int(limit_text))
+    return json_response(
+        {
+            "id": public_id(stored_id),
+            "retentionSeconds": node.config.history_retention,
+            "perSchedule": node.config.history_per_schedule,
+            "history": [public_record(r) for r in records],
+        }
+    )
 
 
 async def list_schedules(request: web.Request) -> web.Response:
@@ -388,6 +409,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_get("/v1/schedules/{schedule_id}", get_schedule)
     app.router.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
+    app.router.add_get("/v1/schedules/{schedule_id}/history", schedule_history)
     app.router.add_get("/", cluster_page)
     app.router.add_get("/v1/cluster", cluster_view)
     app.router.add_get("/v1/cluster/backlog", cluster_backlog)

@@ -343,6 +343,24 @@ SETTINGS: tuple[Setting, ...] = (
         "as missed and its misfire policy (fire_once, fire_all, skip) applies",
     ),
     Setting(
+        attr="history_retention",
+        env="HISTORY_RETENTION",
+        flag="--history-retention",
+        default=str(7 * 86400),
+        parse=_parse_seconds(0, 10 * 366 * 86400),
+        help="seconds each delivery attempt is kept for GET /v1/schedules/{id}/history "
+        "(a TTL index); 0 keeps no history",
+    ),
+    Setting(
+        attr="history_per_schedule",
+        env="HISTORY_PER_SCHEDULE",
+        flag="--history-per-schedule",
+        default="100",
+        parse=_parse_int(1, 10_000),
+        help="most attempts kept per schedule; a long-lived recurring schedule "
+        "overwrites its oldest",
+    ),
+    Setting(
         attr="dead_letter_topic",
         env="DEAD_LETTER_TOPIC",
         flag="--dead-letter-topic",
@@ -404,6 +422,8 @@ class NodeConfig:
     retry_backoff: float
     retry_backoff_max: float
     misfire_threshold: float = 60.0
+    history_retention: float = 7 * 86400.0
+    history_per_schedule: int = 100
     dead_letter_topic: str
     log_format: str
     log_level: str

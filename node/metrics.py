@@ -52,7 +52,8 @@ class NodeMetrics:
         self.deliveries = Counter(
             "scheduler_deliveries_total",
             "Publish outcomes: delivered, retried, failed, abandoned (lease lost mid-batch), "
-            "fenced (published, but a newer owner had taken over)",
+            "fenced (published, but a newer owner had taken over), skipped (a missed "
+            "occurrence of a recurring schedule under the skip policy)",
             ["outcome"],
             registry=r,
         )
@@ -111,6 +112,14 @@ class NodeMetrics:
         self.lease_errors = Counter(
             "scheduler_lease_errors_total",
             "Lease rounds that failed to reach the store",
+            registry=r,
+        )
+        self.history_written = Counter(
+            "scheduler_history_written_total", "Execution history records written", registry=r
+        )
+        self.history_dropped = Counter(
+            "scheduler_history_dropped_total",
+            "Execution history records not written (queue full or store error)",
             registry=r,
         )
 

@@ -121,6 +121,18 @@ SCHEMAS: dict[str, Any] = {
             "error": {"type": ["string", "null"]},
         },
     },
+    "Attempt": {
+        "type": "object",
+        "properties": {
+            "at": {"type": "string", "format": "date-time"},
+            "executeAt": {"type": "string", "format": "date-time", "description": "occurrence"},
+            "attempt": {"type": "integer"},
+            "outcome": {"type": "string", "enum": ["delivered", "retrying", "failed", "skipped"]},
+            "node": {"type": "string"},
+            "token": {"type": "integer", "description": "the lease's fencing token"},
+            "error": {"type": ["string", "null"]},
+        },
+    },
     "NewSchedule": {
         "type": "object",
         "required": ["topic"],
@@ -330,6 +342,33 @@ PATHS: dict[str, Any] = {
                 "403": _error("Another tenant named in ?tenant= (forbidden)"),
                 "404": _error("No such schedule in the caller's tenant (not_found)"),
                 "409": _error("Already delivered, in flight or failed (not_cancellable)"),
+                **_STORE_DOWN,
+            },
+        },
+    },
+    "/v1/schedules/{schedule_id}/history": {
+        "parameters": [_ID, _TENANT],
+        "get": {
+            "summary": "Every delivery attempt still kept (HISTORY_RETENTION), newest first",
+            "parameters": [
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}}
+            ],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "retentionSeconds": {"type": "number"},
+                            "perSchedule": {"type": "integer"},
+                            "history": {"type": "array", "items": _ref("Attempt")},
+                        },
+                    },
+                    "The attempts",
+                ),
+                "400": _error("Bad query parameter (invalid_request)"),
+                "403": _error("Another tenant named in ?tenant= (forbidden)"),
+                "404": _error("No such schedule in the caller's tenant (not_found)"),
                 **_STORE_DOWN,
             },
         },

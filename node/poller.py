@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 from pymongo.errors import PyMongoError
 
+from node.history import Attempt, HistoryWriter
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
 from node.publisher import KafkaPublisher, Record, build_record
@@ -64,6 +65,7 @@ class BucketPoller:
         retry_policy: RetryPolicy,
         batch_linger: float = 0.0,
         dead_letter_topic: str = "",
+        history: HistoryWriter | None = None,
         wall: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -77,6 +79,7 @@ class BucketPoller:
         self.batch_linger = batch_linger
         self.retry_policy = retry_policy
         self.dead_letter_topic = dead_letter_topic
+        self.history = history
         self.wall = wall
         self.monotonic = monotonic
         self._wake = asyncio.Event()
@@ -257,6 +260,7 @@ class BucketPoller:
                     fenced=len(delivered) - marked,
                     buckets=sorted({c.bucket for c in delivered}),
                 )
+            self._record(delivered, done_at, "delivered")
             for c in delivered:
                 lateness = (done_at - _aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
@@ -288,6 +292,7 @@ class BucketPoller:
         if not skipped:
             return claimed
         moved = await self.store.skip_occurrences(skipped, now)
+        self._record(skipped, now, "skipped")
         self.metrics.deliveries.labels("skipped").inc(moved)
         log.info("missed occurrences skipped", count=len(skipped), ids=[c.id for c in skipped][:20])
         skipped_ids = {c.id for c in skipped}
@@ -302,6 +307,10 @@ class BucketPoller:
         if exhausted and self.dead_letter_topic:
             await self._dead_letter(exhausted)
         outcome = await self.store.record_failures(failures, self.retry_policy, now)
+        exhausted_ids = {f.claimed.id for f in exhausted}
+        for failure in failures:
+            final = failure.claimed.id in exhausted_ids
+            self._record([failure.claimed], now, "failed" if final else "retrying", failure.error)
         self.metrics.deliveries.labels("retried").inc(outcome.retried)
         self.metrics.deliveries.labels("failed").inc(len(outcome.failed))
         for failure in failures:
@@ -313,6 +322,30 @@ class BucketPoller:
                 attempt=failure.claimed.attempt,
                 error=failure.error,
             )
+
+    def _record(
+        self, claimed: list[Claimed], at: datetime, outcome: str, error: str | None = None
+    ) -> None:
+        """Hand the attempts to the history writer (never waits for the store)."""
+        if self.history is None:
+            return
+        self.history.add(
+            [
+                Attempt(
+                    schedule_id=c.id,
+                    tenant=str(c.doc["tenant"]),
+                    run=c.run,
+                    execute_at=_aware(c.doc["executeAt"]),
+                    attempt=c.attempt,
+                    at=at,
+                    node=self.node_id,
+                    token=c.token,
+                    outcome=outcome,
+                    error=error,
+                )
+                for c in claimed
+            ]
+        )
 
     async def _dead_letter(self, failures: list[Failure]) -> None:
         records = []

@@ -32,6 +32,7 @@ from node.api import build_app
 from node.config import NodeConfig
 from node.errors import BucketCountMismatch
 from node.hints import WakeHints
+from node.history import HistoryStore, HistoryWriter
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
 from node.ownership import Ownership
@@ -88,6 +89,14 @@ class Node:
             alive_nodes=lambda: len(self._alive_members()),
         )
         self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
+        self.history = HistoryStore(
+            database["history"],
+            retention=timedelta(seconds=config.history_retention),
+            cap=config.history_per_schedule,
+        )
+        self.history_writer = (
+            HistoryWriter(self.history, self.metrics) if config.history_retention > 0 else None
+        )
         self.poller = BucketPoller(
             self.store,
             self.leases,
@@ -103,6 +112,7 @@ class Node:
                 backoff_max=timedelta(seconds=config.retry_backoff_max),
             ),
             dead_letter_topic=config.dead_letter_topic,
+            history=self.history_writer,
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -138,6 +148,8 @@ class Node:
         await site.start()
         self.http_port = self._bound_port(site)
         await self._start_membership()
+        if self.history_writer is not None:
+            self.history_writer.start()
         self._tasks = [
             asyncio.create_task(self.ownership.run(), name="ownership"),
             asyncio.create_task(self.poller.run(), name="poller"),
@@ -202,6 +214,8 @@ class Node:
     async def _prepare_store(self) -> None:
         await self.store.prepare(utcnow())
         await self.tenants.prepare()
+        if self.history_writer is not None:
+            await self.history.prepare()
 
     async def _retry_until_ready(self, what: str, attempt: Any, stopping: asyncio.Event) -> bool:
         delay = 0.2
@@ -252,6 +266,8 @@ class Node:
         if not drained:
             await self._hand_over()
         await self.hints.close()
+        if self.history_writer is not None:
+            await self.history_writer.close()
         await self.publisher.stop()
         await self.client.close()
         self.state = "stopped"

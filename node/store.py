@@ -108,6 +108,10 @@ class Claimed:
         return int(self.doc["bucket"])
 
     @property
+    def run(self) -> int:
+        return int(self.doc.get("runs", 0)) + 1
+
+    @property
     def recurring(self) -> bool:
         return bool(self.doc.get("recurrence"))
 
@@ -364,7 +368,9 @@ class ScheduleStore:
                         "owner": owner,
                         "claimedAt": now,
                     },
-                    "$inc": {"attempts": 1},
+                    # attempts: of this occurrence; runs: of the schedule's
+                    # whole life (its history records are numbered by it).
+                    "$inc": {"attempts": 1, "runs": 1},
                 },
             )
             for token, ids in by_token.items()
