@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import membership_bench, node_bench, ring_bench
+from bench import fairness_bench, membership_bench, node_bench, ring_bench
 
 SUITES = {
     "node": node_bench.main,
+    "fairness": fairness_bench.main,
     "membership": membership_bench.main,
     "ring": ring_bench.main,
 }

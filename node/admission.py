@@ -16,6 +16,10 @@ from node.quotas import PendingQuota, RateLimiter
 from node.schedules import NewSchedule
 from node.tenants import TenantDirectory
 
+# A tenant this node accepted work for is served fairly for this long after,
+# registered or not (with auth off, tenants need no record).
+RECENT_TENANT_SECONDS = 24 * 3600.0
+
 
 class Admission:
     def __init__(
@@ -31,6 +35,7 @@ class Admission:
         self.rates = RateLimiter()
         self.alive_nodes = alive_nodes
         self.clock = clock
+        self.recent_tenants: dict[str, float] = {}
 
     async def check(self, schedules: Sequence[NewSchedule]) -> list[ApiError | None]:
         """One answer per schedule: None to go ahead, else the refusal."""
@@ -77,3 +82,11 @@ class Admission:
 
     def accepted(self, tenant: str, count: int = 1) -> None:
         self.pending.accepted(tenant, count)
+        self.recent_tenants[tenant] = self.clock()
+
+    def tenants_seen(self, within: float = RECENT_TENANT_SECONDS) -> list[str]:
+        """Tenants this node accepted schedules for lately (registered or not)."""
+        horizon = self.clock() - within
+        for name in [t for t, at in self.recent_tenants.items() if at < horizon]:
+            del self.recent_tenants[name]
+        return list(self.recent_tenants)

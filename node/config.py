@@ -343,6 +343,15 @@ SETTINGS: tuple[Setting, ...] = (
         "as missed and its misfire policy (fire_once, fire_all, skip) applies",
     ),
     Setting(
+        attr="fair_tenants",
+        env="FAIR_TENANTS",
+        flag="--fair-tenants",
+        default="on",
+        parse=_parse_switch,
+        help="on: when a backlog fills the due window, each tenant's oldest due schedules "
+        "share every batch; off: plain oldest first (only to measure what fairness buys)",
+    ),
+    Setting(
         attr="history_retention",
         env="HISTORY_RETENTION",
         flag="--history-retention",
@@ -422,6 +431,7 @@ class NodeConfig:
     retry_backoff: float
     retry_backoff_max: float
     misfire_threshold: float = 60.0
+    fair_tenants: bool = True
     history_retention: float = 7 * 86400.0
     history_per_schedule: int = 100
     dead_letter_topic: str

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,6 +66,7 @@ class BucketPoller:
         batch_linger: float = 0.0,
         dead_letter_topic: str = "",
         history: HistoryWriter | None = None,
+        tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
         wall: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -80,6 +81,10 @@ class BucketPoller:
         self.retry_policy = retry_policy
         self.dead_letter_topic = dead_letter_topic
         self.history = history
+        # The tenants whose due work a backlog could hide (None: no fairness,
+        # plain oldest first, kept to measure what fairness buys).
+        self.tenant_names = tenant_names
+        self._tenant_turn = 0
         self.wall = wall
         self.monotonic = monotonic
         self._wake = asyncio.Event()
@@ -183,7 +188,7 @@ class BucketPoller:
         lookahead = min(self.poll_interval, BUSY_LOOKAHEAD) if busy else self.poll_interval
         started = time.perf_counter()
         docs = await self.store.find_due(
-            tokens, now + timedelta(seconds=lookahead), self.batch_size
+            tokens, now + timedelta(seconds=lookahead), self.batch_size, await self._tenants()
         )
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         due = [d for d in docs if _aware(d["dueAt"]) <= now]
@@ -196,6 +201,17 @@ class BucketPoller:
         # Nothing within a short lookahead says nothing about the rest of
         # the poll interval: look again at once, with the full lookahead.
         return 0.0 if lookahead < self.poll_interval else self.poll_interval
+
+    async def _tenants(self) -> list[str] | None:
+        """The tenants to serve fairly this round, starting one further each
+        round, so that when there are more than a round looks up, all get turns."""
+        if self.tenant_names is None:
+            return None
+        names = sorted(await self.tenant_names())
+        if not names:
+            return names
+        self._tenant_turn = (self._tenant_turn + 1) % len(names)
+        return names[self._tenant_turn :] + names[: self._tenant_turn]
 
     async def _recover(self, tokens: dict[int, int]) -> None:
         self._recover_at = self.monotonic() + self.leases.renew_interval

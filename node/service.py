@@ -41,7 +41,7 @@ from node.publisher import KafkaPublisher
 from node.quotas import PendingQuota
 from node.retry import RetryPolicy
 from node.store import DURABLE, ScheduleStore, utcnow
-from node.tenants import TenantDirectory, TenantStore
+from node.tenants import DEFAULT_TENANT, TenantDirectory, TenantStore
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.service")
@@ -113,6 +113,7 @@ class Node:
             ),
             dead_letter_topic=config.dead_letter_topic,
             history=self.history_writer,
+            tenant_names=self._tenant_names if config.fair_tenants else None,
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -191,6 +192,12 @@ class Node:
             log.warning("chaos: gossip blocked", peers=sorted(addresses))
             return sorted(self.membership.transport.blocked)
         return []
+
+    async def _tenant_names(self) -> list[str]:
+        """Tenants the poller serves fairly: every registered one, and any
+        this node accepted work for lately."""
+        registered = await self.directory.names()
+        return sorted({DEFAULT_TENANT, *registered, *self.admission.tenants_seen()})
 
     def _alive_members(self) -> dict[str, int]:
         """Alive member -> the placement version it advertises."""

@@ -28,6 +28,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from node.errors import ApiError, BucketCountMismatch
+from node.fairness import fair_share
 from node.group_insert import GroupInserter
 from node.recurrence import Recurrence
 from node.retry import RetryPolicy, policy_of
@@ -90,6 +91,9 @@ MAX_WINDOW_PAGE = 5000
 # 20 (measured); a real MongoDB does not care either way.
 IDS_PER_STATEMENT = 20
 DEFAULT_MISFIRE_THRESHOLD = timedelta(seconds=60)
+# Tenants asked for their own due work in one round when a backlog fills the
+# window (the poller rotates the list, so with more all are served in turn).
+MAX_TENANTS_PER_ROUND = 32
 
 
 @dataclass(frozen=True)
@@ -296,9 +300,14 @@ class ScheduleStore:
     # -- the bucket owner's reads and writes ----------------------------------
 
     async def find_due(
-        self, buckets: Collection[int], until: datetime, limit: int
+        self,
+        buckets: Collection[int],
+        until: datetime,
+        limit: int,
+        tenants: Sequence[str] | None = (),
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` PENDING schedules of ``buckets`` due by ``until``, oldest first.
+        """Up to ``limit`` PENDING schedules of ``buckets`` due by ``until``,
+        shared fairly among tenants (node/fairness.py), oldest first.
 
         Callers pass ``until`` a little past now, so the same query also tells
         them when the next schedule falls due.
@@ -307,36 +316,55 @@ class ScheduleStore:
         it is about ``limit``, filtered to our buckets here. That query costs
         what the window holds, whatever the collection size or the number of
         buckets we own (an ``$in`` over 256 buckets does not: the embedded
-        server walks every entry of every listed bucket). Only when the window
-        is larger than a page and our share of that page is short, a second
-        query restricted to our buckets finds the rest.
+        server walks every entry of every listed bucket). When the window is
+        full there is a backlog, and the window shows only its oldest part:
+        each of ``tenants`` absent from it is asked for its own oldest
+        schedules (the ``{tenant, dueAt}`` index: a tenant's few schedules
+        cost a few index entries, however large another's backlog), and if
+        our share is still short, a query restricted to our buckets finds the
+        rest. ``tenants`` None: plain oldest first (for comparison only).
         """
         if not buckets:
             return []
         page = min(max(limit, limit * self.bucket_count // len(buckets)), MAX_WINDOW_PAGE)
-        window = await (
-            self.schedules.find({"status": Status.PENDING.value, "dueAt": {"$lte": until}})
+        window = await self._due_page({}, until, page)
+        mine = [d for d in window if d["bucket"] in buckets]
+        if len(window) == page:
+            if tenants:
+                present = {d.get("tenant") for d in window}
+                behind = [t for t in tenants if t not in present][:MAX_TENANTS_PER_ROUND]
+                for tenant in behind:
+                    # No dueAt bound: the embedded server uses the index for
+                    # {tenant, status} alone but scans the collection once a
+                    # range is added; the sort and limit keep it the oldest.
+                    found = await (
+                        self.schedules.find({"tenant": tenant, "status": Status.PENDING.value})
+                        .sort("dueAt", ASCENDING)
+                        .limit(limit)
+                        .batch_size(limit)
+                        .to_list()
+                    )
+                    mine += [
+                        d for d in found if _aware(d["dueAt"]) <= until and d["bucket"] in buckets
+                    ]
+            if len(mine) < limit:
+                seen = {d["_id"] for d in mine}
+                rest = await self._due_page({"bucket": {"$in": sorted(buckets)}}, until, limit)
+                mine += [d for d in rest if d["_id"] not in seen]
+        if tenants is None:
+            return mine[:limit]
+        return fair_share(mine, limit)
+
+    async def _due_page(
+        self, query: dict[str, Any], until: datetime, size: int
+    ) -> list[dict[str, Any]]:
+        return await (
+            self.schedules.find({**query, "status": Status.PENDING.value, "dueAt": {"$lte": until}})
             .sort("dueAt", ASCENDING)
-            .limit(page)
-            .batch_size(page)  # one round trip: the default first batch is 101
+            .limit(size)
+            .batch_size(size)  # one round trip: the default first batch is 101
             .to_list()
         )
-        mine = [d for d in window if d["bucket"] in buckets]
-        if len(window) < page or len(mine) >= limit:
-            return mine[:limit]
-        cursor = (
-            self.schedules.find(
-                {
-                    "bucket": {"$in": sorted(buckets)},
-                    "status": Status.PENDING.value,
-                    "dueAt": {"$lte": until},
-                }
-            )
-            .sort("dueAt", ASCENDING)
-            .limit(limit)
-            .batch_size(limit)
-        )
-        return await cursor.to_list()
 
     async def claim(
         self, docs: Sequence[dict[str, Any]], tokens: Mapping[int, int], owner: str, now: datetime

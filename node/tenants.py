@@ -192,6 +192,9 @@ class TenantStore:
             hints.setdefault(key["tenant"], []).append(key["hint"])
         return [(Tenant.from_document(t), sorted(hints.get(t["_id"], []))) for t in tenants]
 
+    async def names(self) -> list[str]:
+        return [str(doc["_id"]) for doc in await self.tenants.find({}, {"_id": 1}).to_list()]
+
     async def tenant_for_key(self, key: str) -> Tenant | None:
         found = await self.keys.find_one({"_id": key_digest(key)})
         if found is None:
@@ -207,6 +210,7 @@ class TenantDirectory:
         self.clock = clock
         self._by_key: dict[str, tuple[float, Tenant | None]] = {}
         self._by_name: dict[str, tuple[float, Tenant]] = {}
+        self._names: tuple[float, list[str]] | None = None
 
     async def authenticate(self, key: str) -> Tenant | None:
         digest = key_digest(key)
@@ -222,6 +226,13 @@ class TenantDirectory:
         if tenant is not None:
             self._by_name[tenant.name] = (now + CACHE_SECONDS, tenant)
         return tenant
+
+    async def names(self) -> list[str]:
+        """Every registered tenant's name (cached like the rest)."""
+        now = self.clock()
+        if self._names is None or self._names[0] <= now:
+            self._names = (now + CACHE_SECONDS, await self.store.names())
+        return self._names[1]
 
     async def policy(self, name: str) -> Tenant:
         """The tenant's limits; a tenant with no document has none."""

@@ -1,0 +1,35 @@
+"""Fair selection of due work across tenants.
+
+Due work is served oldest first, which is fair between schedules but not
+between tenants: one tenant's burst of 50,000 due at once would hold every
+other tenant's schedules behind it until it drained. So a round's batch is
+filled round-robin over the tenants with due work, each tenant's oldest
+first: a tenant with a few due schedules gets them into the very next batch
+whatever another tenant's backlog, and a tenant alone gets the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from itertools import chain, zip_longest
+from typing import Any
+
+
+def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` of ``docs``, taken in turn from each tenant (each
+    tenant's oldest first); returned oldest first, as the poller expects."""
+    if len(docs) <= limit:
+        return sorted(docs, key=_due)
+    by_tenant: dict[str, list[dict[str, Any]]] = {}
+    for doc in sorted(docs, key=_due):
+        by_tenant.setdefault(str(doc.get("tenant")), []).append(doc)
+    # Tenants in the order of their oldest due schedule, then one from each in turn.
+    turns = chain.from_iterable(zip_longest(*by_tenant.values()))
+    chosen = [doc for doc in turns if doc is not None][:limit]
+    return sorted(chosen, key=_due)
+
+
+def _due(doc: dict[str, Any]) -> datetime:
+    due: datetime = doc["dueAt"]
+    return due if due.tzinfo is not None else due.replace(tzinfo=UTC)
