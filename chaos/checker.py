@@ -22,6 +22,12 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   reads it again at the end (the broker lost an acknowledged record);
 * lateness (first delivery - executeAt) overall and inside each fault's
   window, from the fault to the end of its recovery allowance.
+
+A recurring schedule is judged occurrence by occurrence: each is a unit of
+its own, ``<id>@<execute-at>``, expected once like a one-shot schedule (so a
+missing occurrence is lost, a repeated one a duplicate to explain), and an
+occurrence nobody expected (off the chain's grid, or past its end) is an
+``unexpected_occurrence``: a chain that doubled or drifted.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ from typing import Any
 from chaos.stats import percentile
 from ring import bucket_for
 
+# Between a recurring schedule's id and an occurrence's time in a unit's
+# name; ids cannot contain it.
+OCCURRENCE = "@"
+
 # Record timestamps are milliseconds, taken on the publishing node's clock
 # (the same host here): anything sooner than this before executeAt is early.
 EARLY_TOLERANCE = 0.002
@@ -41,10 +51,19 @@ EARLY_TOLERANCE = 0.002
 
 @dataclass(frozen=True)
 class Delivery:
-    schedule_id: str
+    schedule_id: str  # the unit: a schedule, or one occurrence of a recurring one
     token: int
     attempt: int
     at: float  # epoch seconds (the Kafka record timestamp)
+
+    @property
+    def schedule(self) -> str:
+        return self.schedule_id.partition(OCCURRENCE)[0]
+
+
+def occurrence(schedule_id: str, execute_at: str) -> str:
+    """The unit name of one occurrence of a recurring schedule."""
+    return f"{schedule_id}{OCCURRENCE}{execute_at}"
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,11 @@ def check(
         **_counted("vanished", vanished),
         **_counted("stale_claims", stale),
         "unknown_deliveries": len(set(by_id) - set(accepted)),
+        **_counted(
+            "unexpected_occurrences",
+            sorted(u for u in set(by_id) - set(accepted) if OCCURRENCE in u),
+        ),
+        "occurrences": sum(1 for u in accepted if OCCURRENCE in u),
         "lateness_s": _summary([late for _, late in lateness]),
         "lateness_outside_windows_s": _summary(outside),
         "lateness_points": sorted([round(due, 3), round(late, 4)] for due, late in lateness),
@@ -133,6 +157,7 @@ def passed(result: Mapping[str, Any]) -> bool:
             "duplicates_same_claim",
             "stale_claims",
             "vanished",
+            "unexpected_occurrences",
         )
     )
 
@@ -147,7 +172,7 @@ def _stale_claims(
 ) -> list[str]:
     first_by_token: dict[tuple[int, int], float] = {}  # (bucket, token) -> first delivery
     for d in deliveries:
-        key = (bucket_for(d.schedule_id, buckets), d.token)
+        key = (bucket_for(d.schedule, buckets), d.token)
         first_by_token[key] = min(d.at, first_by_token.get(key, d.at))
     by_bucket: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for (bucket, token), first in first_by_token.items():
@@ -157,7 +182,7 @@ def _stale_claims(
         due = accepted.get(d.schedule_id)
         if due is None:
             continue
-        newer = by_bucket[bucket_for(d.schedule_id, buckets)]
+        newer = by_bucket[bucket_for(d.schedule, buckets)]
         if any(t > d.token and first < due - EARLY_TOLERANCE for t, first in newer):
             stale.add(d.schedule_id)
     return sorted(stale)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import datetime
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from chaos.checker import occurrence
 from node.tail import topic_consumer
 
 
@@ -20,11 +21,14 @@ def iso(when: datetime) -> str:
 
 
 class Recorder:
-    """Every record of the topic, from the beginning."""
+    """Every record of the topic, from the beginning, named by the unit the
+    checker judges: the schedule id, or for the ids in ``recurring`` one
+    occurrence (``chaos.checker.occurrence``)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, recurring: Container[str] = ()) -> None:
         self.consumer = topic_consumer(bootstrap, topic)
-        self.records: list[tuple[str, int, int, float]] = []  # id, token, attempt, at
+        self.recurring = recurring
+        self.records: list[tuple[str, int, int, float]] = []  # unit, token, attempt, at
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -37,9 +41,12 @@ class Recorder:
             for part in batch.values():
                 for record in part:
                     headers = dict(record.headers)
+                    unit = headers["schedule-id"].decode()
+                    if unit in self.recurring:
+                        unit = occurrence(unit, headers["execute-at"].decode())
                     self.records.append(
                         (
-                            headers["schedule-id"].decode(),
+                            unit,
                             int(headers["fence-token"]),
                             int(headers["attempt"]),
                             record.timestamp / 1000,

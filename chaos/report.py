@@ -33,7 +33,11 @@ def render_html(result: dict[str, Any]) -> str:
     verdict = "PASSED" if result["passed"] else "FAILED"
     summary = [
         ("network", result.get("network", "")),
-        ("accepted", result["accepted"]),
+        ("accepted (schedules and expected occurrences)", result["accepted"]),
+        (
+            "recurring schedules; their occurrences",
+            f"{result.get('chains', 0)}; {result.get('occurrences', 0)}",
+        ),
         ("cancelled", result["cancelled"]),
         ("delivered", result["delivered"]),
         ("lost", result["lost"]),
@@ -46,6 +50,7 @@ def render_html(result: dict[str, Any]) -> str:
         ),
         ("stale claims (two owners at once)", result["stale_claims"]),
         ("gone from the topic by the end", result["vanished"]),
+        ("unexpected occurrences (a chain doubled or drifted)", result["unexpected_occurrences"]),
         ("lateness p50 / p99 / max", _ms(result["lateness_s"])),
         ("outside fault windows", _ms(result["lateness_outside_windows_s"])),
     ]

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from chaos.checker import Delivery, Window, check, passed
+from chaos.checker import Delivery, Window, check, occurrence, passed
 from chaos.cluster import LocalCluster
 from chaos.harness import Recorder, broker_stores, iso, until
 from chaos.network import Namespaces, probe, sweep
@@ -40,6 +40,11 @@ RECOVERY_ALLOWANCE = 20.0
 CANCEL_SHARE = 0.02
 BUCKETS = 256  # the nodes' default bucket count
 GRACE = 60.0  # after the load, how long every accepted schedule may take to arrive
+# Recurring schedules running through every fault: each occurrence must be
+# delivered once (fire_all with a cap no outage here reaches, so even an
+# occurrence missed by more than the misfire threshold is owed).
+CHAINS = 8
+CHAIN_EVERY = 2.0  # seconds
 
 
 class Run:
@@ -95,7 +100,8 @@ class Run:
         self.paused: set[str] = set()
         self.isolated: set[str] = set()
         self._partitions = 0  # in force now
-        self.accepted: dict[str, float] = {}
+        self.accepted: dict[str, float] = {}  # unit (a schedule or an occurrence) -> due
+        self.chains: set[str] = set()  # recurring schedules created
         self.cancelled: set[str] = set()
         self.refusals: Counter[str] = Counter()
         self.events: list[dict[str, Any]] = []
@@ -300,6 +306,48 @@ class Run:
         if lead > 0.5 and self.rng.random() < CANCEL_SHARE:
             await self._cancel(session, schedule_id)
 
+    async def _chain(self, session: aiohttp.ClientSession, n: int) -> None:
+        """A recurring schedule every CHAIN_EVERY s over the load; its
+        occurrences join ``accepted`` once a node has taken it."""
+        start = datetime.fromtimestamp(self._started, UTC).replace(microsecond=0)
+        start += timedelta(seconds=2 + n * CHAIN_EVERY / CHAINS)
+        end = datetime.fromtimestamp(self._started + self.scenario.duration, UTC)
+        end = end.replace(microsecond=end.microsecond // 1000 * 1000)  # as the API stores it
+        schedule_id = f"chain{n}"
+        # Known before the first occurrence can arrive, so the recorder names it.
+        self.chains.add(schedule_id)
+        body = {
+            "id": schedule_id,
+            "topic": self.topic,
+            "payload": n,
+            "recurrence": {
+                "every": f"PT{CHAIN_EVERY:g}S",
+                "start": iso(start),
+                "end": iso(end),
+                "misfire": "fire_all",
+                "maxCatchUp": 1000,
+            },
+        }
+        for _ in range(50):
+            nodes = self._running()
+            if nodes:
+                url = self.cluster.nodes[self.rng.choice(nodes)].url
+                try:
+                    async with session.post(url + "/v1/schedules", json=body) as r:
+                        if r.status in (200, 201):
+                            break
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    pass
+            await asyncio.sleep(0.2)
+        else:
+            self.refusals["recurring schedule not accepted"] += 1
+            self.chains.discard(schedule_id)
+            return
+        when = start
+        while when <= end:
+            self.accepted[occurrence(schedule_id, iso(when))] = when.timestamp()
+            when += timedelta(seconds=CHAIN_EVERY)
+
     async def _cancel(self, session: aiohttp.ClientSession, schedule_id: str) -> None:
         nodes = self._running()
         if not nodes:
@@ -320,7 +368,7 @@ class Run:
             async with limit:
                 await self._post(session, i)
 
-        tasks = []
+        tasks = [asyncio.create_task(self._chain(session, n)) for n in range(CHAINS)]
         for i in range(total):
             delay = self._started + i / self.scenario.rate - time.time()
             if delay > 0:
@@ -332,7 +380,7 @@ class Run:
         """Every schedule id in the topic, read again from the beginning by a
         fresh reader: a record seen live but gone now was lost by the broker
         (a crash of a broker that kept it only in memory)."""
-        replay = Recorder(self.cluster.kafka_bootstrap, self.topic)
+        replay = Recorder(self.cluster.kafka_bootstrap, self.topic, self.chains)
         await replay.start()
         try:
             await until(lambda: len(replay.records) >= seen, 30, "the replay", strict=False)
@@ -358,7 +406,7 @@ class Run:
                 *(self._start(self._new_name()) for _ in range(self.scenario.nodes))
             )
             await until(self.cluster.settled, 90, "the first nodes to settle")
-            recorder = Recorder(self.cluster.kafka_bootstrap, self.topic)
+            recorder = Recorder(self.cluster.kafka_bootstrap, self.topic, self.chains)
             await recorder.start()
             timeout = aiohttp.ClientTimeout(total=10)
             async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -407,6 +455,7 @@ class Run:
             )
             result.update(
                 scenario=self.scenario.name,
+                chains=len(self.chains),
                 unfenced=self.unfenced,
                 network=self.network,
                 seed=self.seed,
@@ -434,12 +483,14 @@ def render(result: dict[str, Any]) -> str:
         f"{result['scenario']} (seed {result['seed']}"
         f"{', nodes UNFENCED' if result['unfenced'] else ''}): {result['accepted']} accepted, "
         f"{result['cancelled']} cancelled, {result['refused']} refused, "
-        f"{result['delivered']} delivered",
+        f"{result['delivered']} delivered (of them {result['occurrences']} occurrences of "
+        f"{result['chains']} recurring schedules)",
         f"lost {result['lost']}, early {result['early']}, "
         f"cancelled but delivered {result['cancelled_delivered']}, "
         f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}, "
         f"across a database crash: {result['duplicates_across_store_crash']}), "
-        f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}",
+        f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}, "
+        f"unexpected occurrences {result['unexpected_occurrences']}",
         f"network: {result['network']}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import Delivery, Window, check, passed
+from chaos.checker import Delivery, Window, check, occurrence, passed
 from chaos.report import render_html
 from chaos.scenario import ScenarioError, available, load, parse
 from ring import bucket_for
@@ -104,6 +104,33 @@ def test_a_clean_run_passes() -> None:
     assert passed(result)
     assert (result["lost"], result["duplicates"], result["delivered"]) == (0, 0, 2)
     assert result["lateness_s"]["max"] == pytest.approx(0.5)
+
+
+def test_recurring_schedules_are_judged_occurrence_by_occurrence() -> None:
+    ticks = [occurrence("chain", f"T{k}") for k in range(3)]
+    accepted = {unit: 100.0 + k for k, unit in enumerate(ticks)}
+    each_once = [Delivery(unit, 1, 1, 100.1 + k) for k, unit in enumerate(ticks)]
+    result = check(accepted, set(), each_once)
+    assert passed(result) and result["occurrences"] == 3
+
+    missing = check(accepted, set(), each_once[:2])
+    assert not passed(missing) and missing["lost_ids"] == [ticks[2]]
+
+    doubled = check(accepted, set(), [*each_once, Delivery(ticks[1], 1, 1, 101.2)])
+    assert not passed(doubled) and doubled["duplicates_same_claim_ids"] == [ticks[1]]
+
+    drifted = check(accepted, set(), [*each_once, Delivery(occurrence("chain", "T9"), 1, 1, 109)])
+    assert not passed(drifted)
+    assert drifted["unexpected_occurrences_ids"] == [occurrence("chain", "T9")]
+
+
+def test_an_occurrence_is_fenced_by_its_schedules_bucket() -> None:
+    """Stale claims compare tokens of one bucket: an occurrence's is its schedule's."""
+    a, b = occurrence("chain", "T1"), occurrence("chain", "T2")
+    accepted = {a: 100.0, b: 105.0}
+    # Token 5 delivered at 100.1; token 4 then claimed an occurrence due at 105: two owners.
+    result = check(accepted, set(), [Delivery(a, 5, 1, 100.1), Delivery(b, 4, 1, 105.1)])
+    assert result["stale_claims_ids"] == [b]
 
 
 def test_an_accepted_schedule_never_delivered_is_lost() -> None:
