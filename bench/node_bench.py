@@ -123,7 +123,14 @@ async def store_limit(uri: str, sizes: Sizes) -> dict[str, Any]:
 
 
 class NodeProcess:
-    def __init__(self, mongo_uri: str, bootstrap: str, database: str, logs: Path) -> None:
+    def __init__(
+        self,
+        mongo_uri: str,
+        bootstrap: str,
+        database: str,
+        logs: Path,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = embedded.free_port(HOST)
         self.log = logs.open("ab")
         self.process = embedded.spawn(
@@ -152,6 +159,7 @@ class NodeProcess:
                 "off",
                 "--log-level",
                 "warning",
+                *extra,
             ],
             log=self.log,
         )
@@ -216,10 +224,11 @@ async def consume(bootstrap: str, topic: str, count: int, within: float) -> list
     return records
 
 
-async def burst(uri: str, bootstrap: str, database: str, sizes: Sizes) -> dict[str, Any]:
+async def burst(
+    uri: str, bootstrap: str, database: str, sizes: Sizes, topic: str = "bench-burst"
+) -> dict[str, Any]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     collection = client[database]["schedules"]
-    topic = "bench-burst"
     due = datetime.now(UTC) + timedelta(seconds=5 + sizes.burst / 5000)
     await insert(collection, documents(sizes.burst, due, topic, "burst"))
     records = await consume(bootstrap, topic, sizes.burst, within=600)
@@ -320,6 +329,14 @@ async def run(sizes: Sizes) -> dict[str, Any]:
             delivered = await burst(uri, bootstrap, "bench", sizes)
             print("lateness of a spread load ...", flush=True)
             lateness = await spread(node.url, uri, bootstrap, "bench", sizes)
+            node.stop()
+            # The same burst with no execution history: what writing it costs.
+            node = NodeProcess(
+                uri, bootstrap, "bench_nohist", tmp_path / "node.log", ("--history-retention", "0")
+            )
+            node.wait_ready()
+            print("burst delivery without history ...", flush=True)
+            bare = await burst(uri, bootstrap, "bench_nohist", sizes, "bench-burst-bare")
         finally:
             if node is not None:
                 node.stop()
@@ -333,6 +350,8 @@ async def run(sizes: Sizes) -> dict[str, Any]:
         "store_limit": limit,
         "burst": delivered,
         "burst_to_store_limit": delivered["records_per_s"] / limit["records_per_s"],
+        "burst_without_history": bare,
+        "history_cost": 1 - delivered["records_per_s"] / bare["records_per_s"],
         "spread": lateness,
     }
 
@@ -348,6 +367,9 @@ def render(result: dict[str, Any]) -> str:
         f"burst    {b['records']} due at once, one node: {b['records_per_s']:.0f} records/s "
         f"({b['delivered']} delivered, {b['duplicates']} duplicates)",
         f"ratio    burst / store limit = {result['burst_to_store_limit']:.2f}",
+        f"history  the same burst with HISTORY_RETENTION=0: "
+        f"{result['burst_without_history']['records_per_s']:.0f} records/s; history costs "
+        f"{result['history_cost'] * 100:.0f}% of delivery throughput",
         f"lateness {sp['schedules']} over {sp['over_seconds']:g} s (deliveredAt - executeAt): "
         f"p50 {sp['lateness_store_s']['p50'] * ms:.0f} ms, "
         f"p99 {sp['lateness_store_s']['p99'] * ms:.0f} ms, "
