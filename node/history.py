@@ -3,8 +3,8 @@ lease token, the outcome and the error), for ``GET /v1/schedules/{id}/history``.
 
 * Capped per schedule: a record's ``_id`` is ``<schedule>#<run mod cap>``,
   where ``run`` counts the schedule's attempts over its whole life (the claim
-  increments it). Writing is an upsert, so a long-lived recurring schedule
-  overwrites its oldest record instead of growing without bound.
+  increments it), so a long-lived recurring schedule overwrites its oldest
+  record instead of growing without bound.
 * Expired after ``HISTORY_RETENTION`` by a TTL index on the record's time.
 * Never on the delivery path: the poller hands records to ``HistoryWriter``,
   which writes them in batches from its own task. A full queue drops records
@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from pymongo import ASCENDING, DESCENDING, ReplaceOne
+from pymongo import ASCENDING, DESCENDING, InsertOne, ReplaceOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import PyMongoError
+from pymongo.errors import BulkWriteError, PyMongoError
 
 from node.metrics import NodeMetrics
 from node.times import format_time
@@ -95,13 +95,35 @@ class HistoryStore:
             await self.collection.drop_index(TTL_INDEX)
         await self.collection.create_index("at", name=TTL_INDEX, expireAfterSeconds=seconds)
 
-    async def write(self, attempts: Sequence[Attempt]) -> None:
-        ops = [
-            ReplaceOne({"_id": doc["_id"]}, doc, upsert=True)
-            for doc in (a.to_document(self.cap) for a in attempts)
-        ]
-        if ops:
-            await self.collection.bulk_write(ops, ordered=False)
+    async def write(self, attempts: Sequence[Attempt]) -> int:
+        """Store the records; returns how many were written.
+
+        A schedule's first ``cap`` runs fill empty slots: plain inserts, the
+        cheapest write (an upsert cost the embedded store twice as much, and
+        almost every schedule ends within its cap). Only later runs replace
+        the slot of the run ``cap`` before them.
+        """
+        ops: list[InsertOne[dict[str, Any]] | ReplaceOne[dict[str, Any]]] = []
+        for attempt in attempts:
+            doc = attempt.to_document(self.cap)
+            if attempt.run <= self.cap:
+                ops.append(InsertOne(doc))
+            else:
+                ops.append(ReplaceOne({"_id": doc["_id"]}, doc, upsert=True))
+        if not ops:
+            return 0
+        try:
+            result = await self.collection.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            # A run number seen twice (its claim was lost in a database crash
+            # and made again): the first record of it stays.
+            details = exc.details
+            return (
+                int(details.get("nInserted", 0))
+                + int(details.get("nUpserted", 0))
+                + int(details.get("nModified", 0))
+            )
+        return result.inserted_count + result.upserted_count + result.modified_count
 
     async def of(self, schedule_id: str, limit: int) -> list[dict[str, Any]]:
         """A schedule's records, newest first."""
@@ -153,8 +175,9 @@ class HistoryWriter:
             while self._queue:
                 batch, self._queue = self._queue[:WRITE_BATCH], self._queue[WRITE_BATCH:]
                 try:
-                    await self.store.write(batch)
-                    self.metrics.history_written.inc(len(batch))
+                    written = await self.store.write(batch)
+                    self.metrics.history_written.inc(written)
+                    self.metrics.history_dropped.inc(len(batch) - written)
                 except PyMongoError as exc:
                     # History is not worth a retry loop against a store in
                     # trouble; the schedules themselves are what must survive.

@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 from pymongo.errors import PyMongoError
 
+from node.fairness import fair_share
 from node.history import Attempt, HistoryWriter
 from node.leases import LeaseManager
 from node.metrics import NodeMetrics
@@ -49,6 +50,10 @@ log = structlog.get_logger("node.poller")
 
 # How far a loop that delivered in its last round looks ahead (seconds).
 BUSY_LOOKAHEAD = 0.25
+# Under a backlog, batches of due work read per window query, and how long
+# what was read stays good for.
+READ_AHEAD = 10
+READ_AHEAD_SECONDS = 5.0
 
 
 class BucketPoller:
@@ -85,6 +90,10 @@ class BucketPoller:
         # plain oldest first, kept to measure what fairness buys).
         self.tenant_names = tenant_names
         self._tenant_turn = 0
+        # Due schedules read beyond this round's batch under a backlog.
+        self._read_ahead: list[dict[str, Any]] = []
+        self._read_ahead_at = 0.0
+        self._backlogged = False
         self.wall = wall
         self.monotonic = monotonic
         self._wake = asyncio.Event()
@@ -106,6 +115,7 @@ class BucketPoller:
 
     def leases_changed(self) -> None:
         self._recover_at = 0.0
+        self._read_ahead = []  # read under other leases: look again
         self._wake.set()
 
     def stop(self) -> None:
@@ -187,9 +197,7 @@ class BucketPoller:
         busy = self._delivered_last_round
         lookahead = min(self.poll_interval, BUSY_LOOKAHEAD) if busy else self.poll_interval
         started = time.perf_counter()
-        docs = await self.store.find_due(
-            tokens, now + timedelta(seconds=lookahead), self.batch_size, await self._tenants()
-        )
+        docs = await self._find_due(tokens, now, now + timedelta(seconds=lookahead))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         due = [d for d in docs if _aware(d["dueAt"]) <= now]
         self._delivered_last_round = bool(due)
@@ -201,6 +209,36 @@ class BucketPoller:
         # Nothing within a short lookahead says nothing about the rest of
         # the poll interval: look again at once, with the full lookahead.
         return 0.0 if lookahead < self.poll_interval else self.poll_interval
+
+    async def _find_due(
+        self, tokens: dict[int, int], now: datetime, until: datetime
+    ) -> list[dict[str, Any]]:
+        """This round's batch (oldest first, shared fairly among tenants).
+
+        Under a backlog the due window is read READ_AHEAD batches at a time
+        and the rest kept for the next rounds (for READ_AHEAD_SECONDS at most):
+        on a store that reads the whole due range whatever the limit (the
+        embedded one: 2 s at 50,000 due), that query then runs once per
+        READ_AHEAD rounds, not every round. Kept schedules may have been
+        cancelled or moved meanwhile; the claim's conditions skip those.
+        Other tenants' oldest due schedules are still looked up every round.
+        """
+        tenants = await self._tenants()
+        kept = [d for d in self._read_ahead if d["bucket"] in tokens and _aware(d["dueAt"]) <= now]
+        if kept and self.monotonic() - self._read_ahead_at < READ_AHEAD_SECONDS:
+            present = {d.get("tenant") for d in kept}
+            others = [t for t in tenants or () if t not in present]
+            pool = kept + await self.store.oldest_due_of(others, until, tokens, self.batch_size)
+        else:
+            backlog = len(self._read_ahead) > 0 or self._backlogged
+            limit = self.batch_size * (READ_AHEAD if backlog else 1)
+            pool = await self.store.find_due(tokens, until, limit, tenants)
+            self._read_ahead_at = self.monotonic()
+        batch = pool[: self.batch_size] if tenants is None else fair_share(pool, self.batch_size)
+        chosen = {d["_id"] for d in batch}
+        self._read_ahead = [d for d in pool if d["_id"] not in chosen]
+        self._backlogged = len(pool) > self.batch_size
+        return batch
 
     async def _tenants(self) -> list[str] | None:
         """The tenants to serve fairly this round, starting one further each

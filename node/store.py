@@ -332,21 +332,8 @@ class ScheduleStore:
         if len(window) == page:
             if tenants:
                 present = {d.get("tenant") for d in window}
-                behind = [t for t in tenants if t not in present][:MAX_TENANTS_PER_ROUND]
-                for tenant in behind:
-                    # No dueAt bound: the embedded server uses the index for
-                    # {tenant, status} alone but scans the collection once a
-                    # range is added; the sort and limit keep it the oldest.
-                    found = await (
-                        self.schedules.find({"tenant": tenant, "status": Status.PENDING.value})
-                        .sort("dueAt", ASCENDING)
-                        .limit(limit)
-                        .batch_size(limit)
-                        .to_list()
-                    )
-                    mine += [
-                        d for d in found if _aware(d["dueAt"]) <= until and d["bucket"] in buckets
-                    ]
+                behind = [t for t in tenants if t not in present]
+                mine += await self.oldest_due_of(behind, until, buckets, limit)
             if len(mine) < limit:
                 seen = {d["_id"] for d in mine}
                 rest = await self._due_page({"bucket": {"$in": sorted(buckets)}}, until, limit)
@@ -354,6 +341,26 @@ class ScheduleStore:
         if tenants is None:
             return mine[:limit]
         return fair_share(mine, limit)
+
+    async def oldest_due_of(
+        self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int
+    ) -> list[dict[str, Any]]:
+        """Each tenant's oldest PENDING schedules of ``buckets`` due by ``until``
+        (the first MAX_TENANTS_PER_ROUND tenants: callers rotate the list)."""
+        found: list[dict[str, Any]] = []
+        for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
+            # No dueAt bound: the embedded server uses the index for
+            # {tenant, status} alone but scans the collection once a range
+            # is added; the sort and limit keep it to the oldest.
+            docs = await (
+                self.schedules.find({"tenant": tenant, "status": Status.PENDING.value})
+                .sort("dueAt", ASCENDING)
+                .limit(limit)
+                .batch_size(limit)
+                .to_list()
+            )
+            found += [d for d in docs if _aware(d["dueAt"]) <= until and d["bucket"] in buckets]
+        return found
 
     async def _due_page(
         self, query: dict[str, Any], until: datetime, size: int
