@@ -12,7 +12,6 @@ mode changes).
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from bench.node_bench import BUCKETS, HOST, NodeProcess, consume, insert, iso, summary
+from bench.report import publish
 from node import embedded
 from node.schedules import Limits, parse_schedule_object
 from node.store import ScheduleStore
@@ -153,12 +153,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(quick: bool, out: Path | None) -> int:
     result = asyncio.run(run(QUICK if quick else FULL))
-    print(render(result))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {out}")
-    return 0
+    return publish(result, render(result), out)
 
 
 __all__ = ["main"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report import publish
 from chaos.stats import percentile
 from membership.config import LAN, PRESETS, SwimConfig
 from membership.messages import EventKind, State
@@ -329,9 +330,4 @@ def render(results: dict[str, Any]) -> str:
 
 def main(quick: bool, out: Path | None) -> int:
     results = run(quick)
-    print(render(results))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2))
-        print(f"wrote {out}")
-    return 0
+    return publish(results, render(results), out)

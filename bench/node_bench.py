@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 from pymongo import AsyncMongoClient
 
+from bench.report import publish
 from chaos.stats import percentile
 from node import embedded
 from node.schedules import Limits, parse_new_schedule
@@ -383,12 +384,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(quick: bool, out: Path | None) -> int:
     result = asyncio.run(run(QUICK if quick else FULL))
-    print(render(result))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {out}")
-    return 0
+    return publish(result, render(result), out)
 
 
 __all__ = ["main"]

@@ -9,10 +9,10 @@ the same on every machine.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from bench.report import publish
 from ring import balance, bounded, ketama, moved
 
 
@@ -83,11 +83,5 @@ def main(quick: bool, out: Path | None) -> int:
     bucket_count = 256
     sizes = list(range(2, 51)) if quick else list(range(2, 101))
     rows = measure(bucket_count, sizes)
-    print(render(rows, bucket_count))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps({"suite": "ring", "buckets": bucket_count, "rows": rows}, indent=2)
-        )
-        print(f"wrote {out}")
-    return 0
+    result = {"suite": "ring", "buckets": bucket_count, "rows": rows}
+    return publish(result, render(rows, bucket_count), out)
