@@ -483,8 +483,8 @@ def render(result: dict[str, Any]) -> str:
         f"{result['scenario']} (seed {result['seed']}"
         f"{', nodes UNFENCED' if result['unfenced'] else ''}): {result['accepted']} accepted, "
         f"{result['cancelled']} cancelled, {result['refused']} refused, "
-        f"{result['delivered']} delivered (of them {result['occurrences']} occurrences of "
-        f"{result['chains']} recurring schedules)",
+        f"{result['delivered']} delivered; accepted includes {result['occurrences']} "
+        f"occurrences of {result['chains']} recurring schedules",
         f"lost {result['lost']}, early {result['early']}, "
         f"cancelled but delivered {result['cancelled_delivered']}, "
         f"duplicates {result['duplicates']} (under one claim: {result['duplicates_same_claim']}, "
