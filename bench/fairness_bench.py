@@ -12,7 +12,6 @@ mode changes).
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,9 +20,16 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from bench.node_bench import BUCKETS, HOST, NodeProcess, consume, insert, iso, summary
+from bench.node_bench import (
+    BUCKETS,
+    NodeProcess,
+    consume,
+    embedded_servers,
+    insert,
+    iso,
+    summary,
+)
 from bench.report import publish
-from node import embedded
 from node.schedules import Limits, parse_schedule_object
 from node.store import ScheduleStore
 from node.tenants import Tenant, TenantStore
@@ -106,24 +112,13 @@ async def one_mode(
 
 
 async def run(sizes: Sizes) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
-        tmp_path = Path(tmp)
-        mongo_port, kafka_port = embedded.free_port(HOST), embedded.free_port(HOST)
-        mongo = embedded.spawn(embedded.mongo_argv(HOST, mongo_port, tmp_path / "mongo"))
-        kafka = embedded.spawn(embedded.kafka_argv(HOST, kafka_port))
-        try:
-            embedded.wait_for_port(HOST, mongo_port, 60, mongo)
-            embedded.wait_for_port(HOST, kafka_port, 60, kafka)
-            uri, bootstrap = embedded.mongo_uri(HOST, mongo_port), f"{HOST}:{kafka_port}"
-            modes = {}
-            for fair in (True, False):
-                print(f"fair polling {'on' if fair else 'off'} ...", flush=True)
-                modes["on" if fair else "off"] = await one_mode(
-                    uri, bootstrap, fair, sizes, tmp_path / "node.log"
-                )
-        finally:
-            embedded.stop(kafka)
-            embedded.stop(mongo)
+    modes = {}
+    with embedded_servers("bench-fair-") as (uri, bootstrap, tmp_path):
+        for fair in (True, False):
+            print(f"fair polling {'on' if fair else 'off'} ...", flush=True)
+            modes["on" if fair else "off"] = await one_mode(
+                uri, bootstrap, fair, sizes, tmp_path / "node.log"
+            )
     on, off = modes["on"], modes["off"]
     return {
         "suite": "fairness",

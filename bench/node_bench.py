@@ -17,12 +17,14 @@ Figures vary with the machine; the ratios are what compare across runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -308,18 +310,27 @@ async def spread(url: str, uri: str, bootstrap: str, database: str, sizes: Sizes
     }
 
 
-async def run(sizes: Sizes) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+@contextlib.contextmanager
+def embedded_servers(prefix: str) -> Iterator[tuple[str, str, Path]]:
+    """A fresh embedded MongoDB and Kafka: (mongo uri, bootstrap, scratch dir)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         tmp_path = Path(tmp)
         mongo_port, kafka_port = embedded.free_port(HOST), embedded.free_port(HOST)
         mongo = embedded.spawn(embedded.mongo_argv(HOST, mongo_port, tmp_path / "mongo"))
         kafka = embedded.spawn(embedded.kafka_argv(HOST, kafka_port))
-        node: NodeProcess | None = None
         try:
             embedded.wait_for_port(HOST, mongo_port, 60, mongo)
             embedded.wait_for_port(HOST, kafka_port, 60, kafka)
-            uri = embedded.mongo_uri(HOST, mongo_port)
-            bootstrap = f"{HOST}:{kafka_port}"
+            yield embedded.mongo_uri(HOST, mongo_port), f"{HOST}:{kafka_port}", tmp_path
+        finally:
+            embedded.stop(kafka)
+            embedded.stop(mongo)
+
+
+async def run(sizes: Sizes) -> dict[str, Any]:
+    with embedded_servers("bench-") as (uri, bootstrap, tmp_path):
+        node: NodeProcess | None = None
+        try:
             print("store limit (the poller's queries, no node, no Kafka) ...", flush=True)
             limit = await store_limit(uri, sizes)
             node = NodeProcess(uri, bootstrap, "bench", tmp_path / "node.log")
@@ -331,6 +342,7 @@ async def run(sizes: Sizes) -> dict[str, Any]:
             print("lateness of a spread load ...", flush=True)
             lateness = await spread(node.url, uri, bootstrap, "bench", sizes)
             node.stop()
+            node = None
             # The same burst with no execution history: what writing it costs.
             node = NodeProcess(
                 uri, bootstrap, "bench_nohist", tmp_path / "node.log", ("--history-retention", "0")
@@ -341,8 +353,6 @@ async def run(sizes: Sizes) -> dict[str, Any]:
         finally:
             if node is not None:
                 node.stop()
-            embedded.stop(kafka)
-            embedded.stop(mongo)
     return {
         "suite": "node",
         "when": iso(datetime.now(UTC)),

@@ -11,9 +11,11 @@ whatever another tenant's backlog, and a tenant alone gets the whole batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
+
+from node.times import aware
 
 
 def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -31,5 +33,4 @@ def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any
 
 
 def _due(doc: dict[str, Any]) -> datetime:
-    due: datetime = doc["dueAt"]
-    return due if due.tzinfo is not None else due.replace(tzinfo=UTC)
+    return aware(doc["dueAt"])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -45,6 +45,7 @@ from node.publisher import KafkaPublisher, Record, build_record
 from node.recurrence import Recurrence
 from node.retry import RetryPolicy, policy_of
 from node.store import Claimed, Failure, ScheduleStore, utcnow
+from node.times import aware
 
 log = structlog.get_logger("node.poller")
 
@@ -199,13 +200,13 @@ class BucketPoller:
         started = time.perf_counter()
         docs = await self._find_due(tokens, now, now + timedelta(seconds=lookahead))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
-        due = [d for d in docs if _aware(d["dueAt"]) <= now]
+        due = [d for d in docs if aware(d["dueAt"]) <= now]
         self._delivered_last_round = bool(due)
         if due:
             await self._deliver(due, tokens)
             return 0.0
         if docs:
-            return max(0.0, (_aware(docs[0]["dueAt"]) - self.wall()).total_seconds())
+            return max(0.0, (aware(docs[0]["dueAt"]) - self.wall()).total_seconds())
         # Nothing within a short lookahead says nothing about the rest of
         # the poll interval: look again at once, with the full lookahead.
         return 0.0 if lookahead < self.poll_interval else self.poll_interval
@@ -224,7 +225,7 @@ class BucketPoller:
         Other tenants' oldest due schedules are still looked up every round.
         """
         tenants = await self._tenants()
-        kept = [d for d in self._read_ahead if d["bucket"] in tokens and _aware(d["dueAt"]) <= now]
+        kept = [d for d in self._read_ahead if d["bucket"] in tokens and aware(d["dueAt"]) <= now]
         if kept and self.monotonic() - self._read_ahead_at < READ_AHEAD_SECONDS:
             present = {d.get("tenant") for d in kept}
             others = [t for t in tenants or () if t not in present]
@@ -316,7 +317,7 @@ class BucketPoller:
                 )
             self._record(delivered, done_at, "delivered")
             for c in delivered:
-                lateness = (done_at - _aware(c.doc["executeAt"])).total_seconds()
+                lateness = (done_at - aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
                 log.debug(
                     "schedule delivered",
@@ -340,7 +341,7 @@ class BucketPoller:
             for c in claimed
             if c.recurring
             and Recurrence.from_document(c.doc["recurrence"]).should_skip(
-                _aware(c.doc["executeAt"]), now, threshold
+                aware(c.doc["executeAt"]), now, threshold
             )
         ]
         if not skipped:
@@ -389,7 +390,7 @@ class BucketPoller:
                     schedule_id=c.id,
                     tenant=str(c.doc["tenant"]),
                     run=c.run,
-                    execute_at=_aware(c.doc["executeAt"]),
+                    execute_at=aware(c.doc["executeAt"]),
                     attempt=c.attempt,
                     at=at,
                     node=self.node_id,
@@ -423,10 +424,6 @@ class BucketPoller:
                     token=failure.claimed.token,
                     error=str(err),
                 )
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 __all__ = ["BucketPoller", "Claimed"]

@@ -23,7 +23,7 @@ from typing import Any
 from node.errors import ValidationFailed
 from node.recurrence import Recurrence, parse_recurrence
 from node.retry import DEFAULT_POLICY, RetryPolicy, parse_retry
-from node.tenants import DEFAULT_TENANT
+from node.tenants import DEFAULT_TENANT, TENANT_NAME
 from node.times import format_time, parse_time
 from ring import bucket_for
 
@@ -40,7 +40,6 @@ class Status(enum.StrEnum):
 RESERVED_HEADERS = frozenset({"schedule-id", "execute-at", "fence-token", "tenant", "attempt"})
 
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Stored ids are "tenant/id" ('/' is in neither alphabet), so that one
 # tenant's ids never collide with, or reveal, another's.
 _TENANT_SEPARATOR = "/"
@@ -168,7 +167,7 @@ def public_id(document_id: str) -> str:
 
 
 def validate_tenant(tenant: object, field: str = "tenant") -> str:
-    if not isinstance(tenant, str) or not _TENANT.match(tenant):
+    if not isinstance(tenant, str) or not TENANT_NAME.match(tenant):
         raise ValidationFailed("tenant must be 1-64 characters of [A-Za-z0-9._-]", field)
     return tenant
 

@@ -33,6 +33,7 @@ from node.group_insert import GroupInserter
 from node.recurrence import Recurrence
 from node.retry import RetryPolicy, policy_of
 from node.schedules import RECENT_OCCURRENCES, NewSchedule, Status, public_id
+from node.times import aware
 
 FORMAT_VERSION = 1
 # Journaled on a majority: an acknowledged write survives a crash of the
@@ -359,7 +360,7 @@ class ScheduleStore:
                 .batch_size(limit)
                 .to_list()
             )
-            found += [d for d in docs if _aware(d["dueAt"]) <= until and d["bucket"] in buckets]
+            found += [d for d in docs if aware(d["dueAt"]) <= until and d["bucket"] in buckets]
         return found
 
     async def _due_page(
@@ -505,7 +506,7 @@ class ScheduleStore:
         of this one and the next one, PENDING (or the chain's end), in one
         write, so a crash can neither lose the chain nor run an occurrence twice
         on purpose (only the at-least-once repeat of an unmarked publish)."""
-        current = _aware(item.doc["executeAt"])
+        current = aware(item.doc["executeAt"])
         advance = Recurrence.from_document(item.doc["recurrence"]).advance(
             current, now, int(item.doc.get("lateStreak", 0)), self.misfire_threshold
         )
@@ -576,10 +577,6 @@ class ScheduleStore:
 
 def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + IDS_PER_STATEMENT] for i in range(0, len(ids), IDS_PER_STATEMENT)]
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def utcnow() -> datetime:

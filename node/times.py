@@ -32,3 +32,9 @@ def format_time(value: datetime | None) -> str | None:
     if value.tzinfo is None:  # pymongo returns naive UTC unless tz_aware
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def aware(value: datetime) -> datetime:
+    """A stored time as an aware UTC datetime (pymongo returns naive UTC
+    unless the client is tz_aware)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
