@@ -310,6 +310,22 @@ def test_revived_member_is_probed_within_the_current_pass(seed: int) -> None:
     assert sorted(after) == sorted({*live, "b"} - set(before))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_member_revived_twice_in_one_pass_is_probed_once_in_it(seed: int) -> None:
+    live = [f"m{i}" for i in range(8)]
+    net = Net("a", *live, seed=seed, config=SwimConfig(indirect_checks=0))
+    net.know("a", "b")
+    net.tell("a", Dead("b", 0, "m0"))
+    before = [ping(net.next_ping("a")).target for _ in range(len(live) - 1)]
+    # Back, dead again and back again before the pass ends: b is queued ahead
+    # of the pass once, not once per revival.
+    net.tell("a", Alive("b", 1, "b:7946"))
+    net.tell("a", Dead("b", 1, "m0"))
+    net.tell("a", Alive("b", 2, "b:7946"))
+    rest = [ping(net.next_ping("a")).target for _ in range(2)]
+    assert sorted(rest) == sorted({*live, "b"} - set(before))
+
+
 def test_alive_with_the_same_or_a_lower_incarnation_is_ignored() -> None:
     net = solo()
     a = net.nodes["a"]
