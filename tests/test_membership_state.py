@@ -467,6 +467,28 @@ def test_suspicion_times_out_at_its_deadline(sources: list[str], timeout: float)
     assert a.stats.deaths == 1
 
 
+def test_gossip_goes_to_alive_and_suspect_members_only() -> None:
+    """Gossip targets follow every change of state: joined, suspected, dead,
+    revived (they are kept between rounds, so each change must reach them)."""
+    net = solo("b", "c", "d", config=SwimConfig(gossip_interval=0.01, gossip_nodes=10))
+
+    def gossiped_to(news: Message) -> set[str]:
+        since = len(net.sent)
+        net.tell("a", news)
+        net.run(net.now + 0.02)
+        return {
+            s.out.address.removesuffix(":7946")
+            for s in net.sent[since:]
+            if s.sender == "a" and news in s.out.packet.messages
+        }
+
+    assert gossiped_to(Alive("e", 0, "e:7946")) == {"b", "c", "d", "e"}  # e joins
+    assert gossiped_to(Suspect("c", 0, "z")) == {"b", "c", "d", "e"}
+    assert gossiped_to(Dead("d", 0, "z")) == {"b", "c", "e"}
+    assert gossiped_to(Alive("d", 1, "d:7946")) == {"b", "c", "d", "e"}
+    assert gossiped_to(Dead("b", 0, "b")) == {"c", "d", "e"}  # b left
+
+
 def test_confirmations_are_gossiped_on_but_repeats_are_not() -> None:
     # Gossip rounds every 10 ms: a queued update is used up long before a's
     # first probe can fail and add its own suspicion.
