@@ -39,7 +39,7 @@ browser:
 test: lint typecheck browser unit
 
 bench: $(STAMP)
-	$(PY) -m bench node
+	$(PY) -m bench all --out bench-results/latest.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dev-data

@@ -1,31 +1,77 @@
-"""``python -m bench SUITE [--quick] [--out FILE]``; ``all`` runs every suite in turn."""
+"""``python -m bench SUITE|all [--quick] [--out FILE.json]``
+
+Each suite starts what it needs (embedded store and broker, node processes,
+baselines), prints a table with its ratios, and with ``--out`` writes its
+figures as JSON; ``all`` runs every suite in turn into one file.
+``--quick`` runs small sizes to show that everything works and the ratios
+are computed (CI's use); its figures are not for comparison.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from bench import delivery_bench, fairness_bench, membership_bench, node_bench, ring_bench
+from bench import (
+    delivery_bench,
+    failover_bench,
+    fairness_bench,
+    ingest_bench,
+    membership_bench,
+    ring_bench,
+)
+from bench.report import write
 
-Suite = Callable[[bool, Path | None], int]
 
-SUITES: dict[str, Suite] = {
-    "delivery": delivery_bench.main,
-    "node": node_bench.main,
-    "fairness": fairness_bench.main,
-    "membership": membership_bench.main,
-    "ring": ring_bench.main,
+@dataclass(frozen=True)
+class Suite:
+    measure: Callable[[bool], dict[str, Any]]
+    render: Callable[[dict[str, Any]], str]
+
+
+# In the order ``all`` runs them: the pure ones first, so a broken setup
+# shows before the long runs.
+SUITES = {
+    "ring": Suite(ring_bench.measure, ring_bench.render),
+    "membership": Suite(membership_bench.measure, membership_bench.render),
+    "ingest": Suite(ingest_bench.measure, ingest_bench.render),
+    "delivery": Suite(delivery_bench.measure, delivery_bench.render),
+    "failover": Suite(failover_bench.measure, failover_bench.render),
+    "fairness": Suite(fairness_bench.measure, fairness_bench.render),
 }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("suite", choices=[*sorted(SUITES), "all"])
-    parser.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("suite", choices=[*SUITES, "all"])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
-    return SUITES[args.suite](args.quick, args.out)
+    names = list(SUITES) if args.suite == "all" else [args.suite]
+    results: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "suites": {},
+    }
+    for name in names:
+        print(f"== {name} ==", flush=True)
+        started = time.monotonic()
+        result = SUITES[name].measure(args.quick)
+        result["wall_s"] = time.monotonic() - started
+        print(SUITES[name].render(result), flush=True)
+        results["suites"][name] = result
+        if args.out is not None:
+            write(results, args.out)
+    if args.out is not None:
+        print(f"wrote {args.out}")
+    return 0
 
 
 raise SystemExit(main())

@@ -225,7 +225,8 @@ async def run_apscheduler(args: argparse.Namespace) -> None:
     await kafka.start()
     # Jobs name their task "bench.baselines:deliver", which imports this file
     # again as bench.baselines when it runs as __main__: the producer goes there.
-    importlib.import_module("bench.baselines")._KAFKA = kafka
+    home = importlib.import_module("bench.baselines")
+    home._KAFKA = kafka  # type: ignore[attr-defined]
     try:
         async with apscheduler(apscheduler_store(args.mongo_uri, args.database), args.name) as s:
             await s.start_in_background()

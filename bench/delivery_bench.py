@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads
-from bench.report import publish
 from bench.stack import (
     BUCKETS,
     Servers,
@@ -165,6 +164,7 @@ class Runner:
                 await asyncio.sleep(max(0.0, t0 - COUNT_BEFORE_T0 - time.time()))
                 ops_before = await store_operations(client)
                 cpu_before = {k: cpu_of(v) for k, v in pids.items()}
+                counted_from = time.time()
                 budget = t0 + workload.span + tail - time.time()
                 await reader.wait_for(workload.count, time.monotonic() + budget)
                 cutoff = time.time()
@@ -174,6 +174,7 @@ class Runner:
                 # and divide by what was delivered by then.
                 await asyncio.sleep(COUNT_AFTER_LAST)
                 cpu_after = {k: cpu_of(v) for k, v in pids.items()}
+                counted_for = time.time() - counted_from
                 ops = operations_between(ops_before, await store_operations(client))
                 counted = len(reader.ids)
         finally:
@@ -183,10 +184,10 @@ class Runner:
         ids = [str(d["_id"]) for d in docs]
         verdict = judge(ids, due, t0, deliveries, cutoff)
         per_thousand = 1000 / max(counted, 1)
-        cpu = {
-            role: [(cpu_after[role][p] - cpu_before[role][p]) * per_thousand for p in pids[role]]
-            for role in pids
+        used = {
+            role: [cpu_after[role][p] - cpu_before[role][p] for p in pids[role]] for role in pids
         }
+        cpu = {role: [seconds * per_thousand for seconds in used[role]] for role in pids}
         return {
             "system": system.name,
             "processes": processes,
@@ -204,6 +205,13 @@ class Runner:
                 "processes_total": sum(cpu["processes"]),
                 "store": cpu["store"][0],
                 "broker": cpu["broker"][0],
+            },
+            # Share of one core each process was busy while counted: the
+            # embedded store is one Python process, so near 1.0 it is the limit.
+            "busy": {
+                "processes": [seconds / counted_for for seconds in used["processes"]],
+                "store": used["store"][0] / counted_for,
+                "broker": used["broker"][0] / counted_for,
             },
         }
 
@@ -446,7 +454,7 @@ def render(result: dict[str, Any]) -> str:
         f"{limit['without_history']['records_per_s']:,.0f} without",
         f"{'system':<20} {'N':>2} {'workload':<10} {'delivered':>11} {'rec/s':>7} "
         f"{'late p50':>8} {'p99':>7} {'max':>7} {'ops/rec':>7} {'cpu/1k':>7} "
-        f"{'store':>6} {'dup':>4}",
+        f"{'store':>6} {'busy':>5} {'dup':>4}",
     ]
     rows = list(result["runs"])
     if result.get("burst_without_history"):
@@ -460,11 +468,12 @@ def render(result: dict[str, Any]) -> str:
             f"{bound + _ms(late['p50']):>8} {bound + _ms(late['p99']):>7} "
             f"{bound + _ms(late['max']):>7} {r['store_ops_per_record']:>7.2f} "
             f"{r['cpu_s_per_1000']['per_process_mean']:>7.2f} "
-            f"{r['cpu_s_per_1000']['store']:>6.2f} {r['duplicates']:>4}"
+            f"{r['cpu_s_per_1000']['store']:>6.2f} {r['busy']['store']:>5.0%} {r['duplicates']:>4}"
         )
     lines.append(
         "lateness in ms (Kafka timestamp - executeAt); cpu/1k = CPU s per 1,000 records per "
-        "process; store = the store's CPU s per 1,000 records"
+        "process; store = the store's CPU s per 1,000 records; busy = the store's share of a "
+        "core"
     )
     ratios = result["ratios"]
     lines.append(
@@ -495,10 +504,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, out: Path | None, plan: Plan | None = None) -> int:
-    chosen = plan or (QUICK if quick else FULL)
-    result = asyncio.run(run(chosen))
-    return publish(result, render(result), out)
+def measure(quick: bool) -> dict[str, Any]:
+    return asyncio.run(run(QUICK if quick else FULL))
 
 
-__all__ = ["FULL", "QUICK", "Plan", "main", "run"]
+__all__ = ["FULL", "QUICK", "Plan", "measure", "render", "run"]

@@ -15,21 +15,20 @@ import asyncio
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from bench.node_bench import (
+from bench.stack import (
     BUCKETS,
     NodeProcess,
-    consume,
+    Servers,
+    TopicReader,
     embedded_servers,
     insert,
     iso,
     summary,
 )
-from bench.report import publish
 from node.schedules import Limits, parse_schedule_object
 from node.store import ScheduleStore
 from node.tenants import Tenant, TenantStore
@@ -65,9 +64,8 @@ def schedules(
     return docs
 
 
-async def one_mode(
-    uri: str, bootstrap: str, fair: bool, sizes: Sizes, logs: Path
-) -> dict[str, Any]:
+async def one_mode(servers: Servers, fair: bool, sizes: Sizes) -> dict[str, Any]:
+    uri, bootstrap, logs = servers.mongo_uri, servers.bootstrap, servers.scratch / "node.log"
     database, topic = f"fair_{'on' if fair else 'off'}", f"fairness-{'on' if fair else 'off'}"
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     store = ScheduleStore(client[database], BUCKETS)
@@ -87,22 +85,22 @@ async def one_mode(
         node.wait_ready()
         total = sizes.burst + sizes.trickle
         started = time.monotonic()
-        records = await consume(bootstrap, topic, total, within=1800)
+        async with TopicReader(bootstrap, topic) as reader:
+            await reader.wait_for(total, time.monotonic() + 1800)
+            deliveries = list(reader.deliveries)
         waited = time.monotonic() - started
     finally:
         node.stop()
     await client.drop_database(database)
     await client.close()
     lateness: dict[str, list[float]] = {"A": [], "B": []}
-    for record in records:
-        headers = dict(record.headers)
-        execute_at = datetime.fromisoformat(headers["execute-at"].decode().replace("Z", "+00:00"))
-        tenant = headers["tenant"].decode()
-        lateness[tenant].append(record.timestamp / 1000 - execute_at.timestamp())
+    for delivery in deliveries:
+        # Ids are the tenant's name, a dash and a number (schedules() above).
+        lateness[delivery.schedule_id.split("-")[0]].append(delivery.at - delivery.execute_at)
     return {
         "fair": fair,
         "stored_s_before_t0": stored_s_before_t0,
-        "records": len(records),
+        "records": len(deliveries),
         "expected": total,
         "consumed_within_s": waited,
         "b_lateness_s": summary(lateness["B"]),
@@ -113,12 +111,10 @@ async def one_mode(
 
 async def run(sizes: Sizes) -> dict[str, Any]:
     modes = {}
-    with embedded_servers("bench-fair-") as (uri, bootstrap, tmp_path):
+    with embedded_servers("bench-fair-") as servers:
         for fair in (True, False):
             print(f"fair polling {'on' if fair else 'off'} ...", flush=True)
-            modes["on" if fair else "off"] = await one_mode(
-                uri, bootstrap, fair, sizes, tmp_path / "node.log"
-            )
+            modes["on" if fair else "off"] = await one_mode(servers, fair, sizes)
     on, off = modes["on"], modes["off"]
     return {
         "suite": "fairness",
@@ -146,9 +142,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, out: Path | None) -> int:
-    result = asyncio.run(run(QUICK if quick else FULL))
-    return publish(result, render(result), out)
+def measure(quick: bool) -> dict[str, Any]:
+    return asyncio.run(run(QUICK if quick else FULL))
 
 
-__all__ = ["main"]
+__all__ = ["measure", "render"]

@@ -1,5 +1,6 @@
-"""What every suite does with its figures: print them, and write them as JSON
-when asked."""
+"""What ``python -m bench`` does with the figures: print each suite's table
+as it finishes, and write them all as JSON when asked (after every suite, so
+a long run that stops part way keeps what it measured)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ from pathlib import Path
 from typing import Any
 
 
-def publish(result: Any, text: str, out: Path | None) -> int:
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {out}")
-    return 0
+def write(results: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))

@@ -9,14 +9,12 @@ the same on every machine.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from bench.report import publish
 from ring import balance, bounded, ketama, moved
 
 
-def measure(bucket_count: int, sizes: list[int]) -> list[dict[str, Any]]:
+def placements(bucket_count: int, sizes: list[int]) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         members = [f"node-{i}" for i in range(n)]
@@ -39,7 +37,8 @@ def measure(bucket_count: int, sizes: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]], bucket_count: int) -> str:
+def render(result: dict[str, Any]) -> str:
+    rows, bucket_count = result["rows"], result["buckets"]
     lines = [
         f"B = {bucket_count}; balance = busiest / mean; join and leave = share of buckets moved, "
         "as a multiple of the ideal 1/(N+1) and 1/N",
@@ -79,9 +78,7 @@ def render(rows: list[dict[str, Any]], bucket_count: int) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, out: Path | None) -> int:
+def measure(quick: bool) -> dict[str, Any]:
     bucket_count = 256
     sizes = list(range(2, 51)) if quick else list(range(2, 101))
-    rows = measure(bucket_count, sizes)
-    result = {"suite": "ring", "buckets": bucket_count, "rows": rows}
-    return publish(result, render(rows, bucket_count), out)
+    return {"suite": "ring", "buckets": bucket_count, "rows": placements(bucket_count, sizes)}

@@ -1,0 +1,101 @@
+"""The benchmarks run and compute their ratios (what CI checks of bench/:
+figures are the benchmarks' business, not the tests')."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import delivery_bench
+from bench.failover_bench import resumption
+from bench.stack import Delivery
+
+
+def test_the_command_line_writes_a_suites_figures(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "ring", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "== ring ==" in run.stdout and "balance" in run.stdout
+    figures = json.loads(out.read_text())
+    assert figures["quick"] is True
+    rows = figures["suites"]["ring"]["rows"]
+    assert [r["members"] for r in rows] == list(range(2, 51))
+
+
+def test_an_unknown_suite_is_refused() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "nosuch"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2 and "invalid choice" in run.stderr
+
+
+def doc(schedule_id: str, bucket: int) -> dict[str, object]:
+    return {"_id": schedule_id, "bucket": bucket}
+
+
+def test_resumption_is_the_first_delivery_after_the_kill_per_busy_bucket() -> None:
+    kill = 100.0
+    docs = [
+        doc("a", 1),  # the dead node's bucket 1: due at the kill, delivered 4 s later
+        doc("b", 1),
+        doc("c", 2),  # its bucket 2: due 0.5 s after, delivered 6 s after the kill
+        doc("d", 3),  # its bucket 3: nothing due in the first second: not judged
+        doc("e", 9),  # a survivor's bucket
+    ]
+    due = [kill, kill + 0.2, kill + 0.5, kill + 5.0, kill + 1.0]
+    deliveries = [
+        Delivery("a", kill, kill + 4.0),
+        Delivery("b", kill + 0.2, kill + 4.1),
+        Delivery("c", kill + 0.5, kill + 6.0),
+        Delivery("d", kill + 5.0, kill + 9.0),
+        Delivery("e", kill + 1.0, kill + 1.1),
+    ]
+    judged = resumption(docs, due, deliveries, {1, 2, 3}, kill)
+    assert judged["buckets_judged"] == 2
+    assert judged["resumed_s"]["max"] == pytest.approx(6.0)
+    assert judged["victim_lateness_s"]["max"] == pytest.approx(5.5)  # c
+    assert judged["survivor_lateness_during_gap_s"]["max"] == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None:
+    plan = delivery_bench.Plan(
+        nodes=(1,),
+        baseline_nodes=(1,),
+        baselines=("fetch", "fua", "apscheduler"),
+        burst=60,
+        spread=30,
+        spread_seconds=2,
+        steady_seconds=2,
+        steady_shares=(0.5,),
+        tail=60,
+        baseline_tail=5,
+        baseline_steady_tail=2,
+        history_cost=False,
+    )
+    result = asyncio.run(delivery_bench.run(plan))
+    systems = {(r["system"], r["workload"]) for r in result["runs"]}
+    for system in ("scheduler", "fetch", "fua", "apscheduler"):
+        assert {(system, w) for w in ("burst", "spread", "steady-50")} <= systems
+    for row in result["runs"]:
+        assert row["unexpected"] == 0, row
+        assert row["ready_s_before_t0"] > 0, row  # stored before due: delivery is measured
+        if row["system"] == "scheduler":
+            assert row["undelivered"] == 0 and row["duplicates"] == 0, row
+    for baseline, by_n in result["ratios"]["ours_over_baseline"].items():
+        for workload, figures in by_n["1"].items():
+            assert not any(math.isnan(v) for v in figures.values()), (baseline, workload)
+    assert len(result["aims"]) == 6
+    text = delivery_bench.render(result)
+    assert "vs apscheduler" in text and "aim " in text
