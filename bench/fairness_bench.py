@@ -44,7 +44,7 @@ class Sizes:
 
 
 FULL = Sizes(burst=50_000, trickle=100, trickle_seconds=60)
-QUICK = Sizes(burst=5_000, trickle=50, trickle_seconds=20)
+QUICK = Sizes(burst=1_000, trickle=20, trickle_seconds=8)
 
 
 def schedules(
@@ -75,7 +75,7 @@ async def one_mode(servers: Servers, fair: bool, sizes: Sizes) -> dict[str, Any]
     for name in ("A", "B"):
         await tenants.add(Tenant(name=name), datetime.now(UTC))
     # Due once everything is stored and the node holds every bucket.
-    t0 = datetime.now(UTC) + timedelta(seconds=15 + sizes.burst / 2500)
+    t0 = datetime.now(UTC) + timedelta(seconds=8 + sizes.burst / 2500)
     burst = schedules("A", sizes.burst, t0, 0.0, topic)
     trickle = schedules("B", sizes.trickle, t0, sizes.trickle_seconds / sizes.trickle, topic)
     await insert(store.schedules, burst + trickle)

@@ -70,21 +70,34 @@ def embedded_servers(prefix: str) -> Iterator[Servers]:
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         scratch = Path(tmp)
         mongo_port, kafka_port = embedded.free_port(HOST), embedded.free_port(HOST)
-        mongo = embedded.spawn(embedded.mongo_argv(HOST, mongo_port, scratch / "mongo"))
-        kafka = embedded.spawn(embedded.kafka_argv(HOST, kafka_port))
-        try:
-            embedded.wait_for_port(HOST, mongo_port, 60, mongo)
-            embedded.wait_for_port(HOST, kafka_port, 60, kafka)
-            yield Servers(
-                embedded.mongo_uri(HOST, mongo_port),
-                f"{HOST}:{kafka_port}",
-                scratch,
-                mongo.pid,
-                kafka.pid,
+        with (
+            (scratch / "mongodb.log").open("ab") as mongo_log,
+            (scratch / "kafka.log").open("ab") as kafka_log,
+        ):
+            mongo = embedded.spawn(
+                embedded.mongo_argv(HOST, mongo_port, scratch / "mongo"), log=mongo_log
             )
-        finally:
-            embedded.stop(kafka)
-            embedded.stop(mongo)
+            kafka = embedded.spawn(embedded.kafka_argv(HOST, kafka_port), log=kafka_log)
+            try:
+                embedded.wait_for_port(HOST, mongo_port, 60, mongo)
+                embedded.wait_for_port(HOST, kafka_port, 60, kafka)
+                yield Servers(
+                    embedded.mongo_uri(HOST, mongo_port),
+                    f"{HOST}:{kafka_port}",
+                    scratch,
+                    mongo.pid,
+                    kafka.pid,
+                )
+            except BaseException:
+                # The scratch folder goes with the run: show why a server died.
+                for name, process in (("mongodb", mongo), ("kafka", kafka)):
+                    if process.poll() is not None:
+                        tail = (scratch / f"{name}.log").read_text(errors="replace")[-3000:]
+                        print(f"{name} exited with {process.returncode}:\n{tail}", file=sys.stderr)
+                raise
+            finally:
+                embedded.stop(kafka)
+                embedded.stop(mongo)
 
 
 # -- schedules -------------------------------------------------------------------
