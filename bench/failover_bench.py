@@ -3,12 +3,13 @@
 Three node processes on the embedded stack deliver a steady load (well under
 capacity). Part way through, the node whose buckets hold the most of it gets
 SIGKILL (no leave, no lease release). Measured, for the default timing
-(``lan`` membership preset, LEASE_TTL 10 s) and for a tightened one
-(``fast`` preset, LEASE_TTL 3 s):
+(``lan`` membership preset, LEASE_TTL 6 s) and for a tightened one
+(``fast`` preset, LEASE_TTL 3 s), and the default before this one (LEASE_TTL
+10 s) for comparison:
 
 * detected: kill until a survivor's view marks the node dead;
 * taken over: kill until every one of its buckets is leased by a survivor;
-* resumed: for each of its buckets that had a schedule due within a second
+* resumed: for each of its buckets that had a schedule due within 2 s
   after the kill, the first delivery of that bucket after the kill (so the
   figure is when delivery came back, not when the bucket next had work);
   p50 and max over those buckets;
@@ -50,8 +51,8 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("default", "lan preset, LEASE_TTL 10 s (the defaults)"),
-    Setting("lan-6", "lan preset, LEASE_TTL 6 s", {"LEASE_TTL": "6"}),
+    Setting("default", "lan preset, LEASE_TTL 6 s (the defaults)"),
+    Setting("lan-10", "lan preset, LEASE_TTL 10 s (the default before)", {"LEASE_TTL": "10"}),
     Setting("tight", "fast preset, LEASE_TTL 3 s", {"MEMBERSHIP_PRESET": "fast", "LEASE_TTL": "3"}),
 )
 
@@ -65,8 +66,13 @@ class Plan:
     settings: tuple[str, ...] = tuple(s.name for s in SETTINGS)
 
 
-FULL = Plan(rate=150, seconds=45, kill_at=15, trials=3)
-QUICK = Plan(rate=100, seconds=15, kill_at=5, trials=1, settings=("tight",))
+# Well under what 3 nodes deliver on the embedded store (about 90/s), so the
+# survivors keep up and the gap measured is the failover's, not a backlog's.
+FULL = Plan(rate=40, seconds=45, kill_at=15, trials=3)
+QUICK = Plan(rate=40, seconds=15, kill_at=5, trials=1, settings=("tight",))
+# A bucket of the dead node is judged when it had a schedule due this soon
+# after the kill (at 40/s over 256 buckets, about a quarter of its buckets).
+BUSY_WITHIN = 2.0
 
 
 class Monitor:
@@ -111,7 +117,7 @@ def resumption(
         first.setdefault(d.schedule_id, d.at)
     bucket_of = {str(doc["_id"]): int(doc["bucket"]) for doc in docs}
     due_of = {str(doc["_id"]): t for doc, t in zip(docs, due, strict=True)}
-    busy = {bucket_of[i] for i, t in due_of.items() if killed_at <= t < killed_at + 1.0}
+    busy = {bucket_of[i] for i, t in due_of.items() if killed_at <= t < killed_at + BUSY_WITHIN}
     busy &= victim_buckets
     after: dict[int, float] = defaultdict(lambda: float("inf"))
     for schedule_id, at in first.items():

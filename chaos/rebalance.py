@@ -26,7 +26,7 @@ from chaos.harness import Recorder, iso, until
 from chaos.stats import percentile
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
-LEASE_TTL = 10.0  # the node default
+LEASE_TTL = 6.0  # the node default
 POLL_INTERVAL = 1.0  # the node default
 
 

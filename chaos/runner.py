@@ -35,7 +35,8 @@ from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
 
-# Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (10 s).
+# Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (6 s),
+# with room to spare.
 RECOVERY_ALLOWANCE = 20.0
 CANCEL_SHARE = 0.02
 BUCKETS = 256  # the nodes' default bucket count
