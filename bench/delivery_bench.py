@@ -380,6 +380,7 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
                     for f in FIGURES
                 }
                 for workload in ("burst", "spread")
+                if workload in result["plan"]["baseline_workloads"]
             }
     history = result.get("burst_without_history")
     return {
