@@ -259,7 +259,8 @@ SETTINGS: tuple[Setting, ...] = (
         # at 10 s the lease did (python -m bench failover: delivery resumed
         # within 8.4-10.4 s at 10, 6-7 s at 6). Shorter means more renew
         # writes and less room for a slow renew (TTL - TTL/3 - margin) before
-        # a node stops work; exclusivity never depends on it (fencing tokens).
+        # a node stops work, though a slow store stretches the term (node/leases.py);
+        # exclusivity never depends on it (fencing tokens).
         help="seconds a bucket lease lasts without renewal; renewed every TTL/3",
     ),
     Setting(

@@ -10,6 +10,16 @@ States of a bucket, from this node's side (after kazoo's SetPartitioner):
 * lost: a renew matched nothing (a newer owner took it) or the deadline
   passed; work stops at once and the bucket counts as not held.
 
+A lease lasts ``term`` seconds: the configured TTL, stretched to three
+times the slowest of the last few lease round trips when the store is that
+slow (Lifeguard's local health multiplier, applied to leases). A store
+saturated by a backlog answers a renew only after the queries queued ahead
+of it; with a fixed term, a renew slower than the TTL less a renew interval
+and the margin loses every lease, the batch in flight is redone under a new
+token, and the store stays saturated: the cluster livelocks on one batch
+(python -m bench delivery, 2 nodes, 20,000 due at once, TTL 6 s). Stretched,
+failover after a crash waits longer only while the store is that slow.
+
 Expiry is judged by the database server's clock (``$$NOW`` in an update
 pipeline), so nodes' wall clocks never decide who owns what. The local
 deadline is a second guard that needs no database: it starts before the
@@ -19,6 +29,7 @@ renew is sent, so it always falls before the server-side expiry.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +44,13 @@ log = structlog.get_logger("node.leases")
 
 DUPLICATE_KEY = 11000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The term is at least this many times the slowest recent round trip: a renew
+# that slow still lands before the deadline (term - margin - renew interval).
+STRETCH = 3.0
+# Round trips remembered: about 15 s of renews at the default TTL.
+RECENT_ROUND_TRIPS = 8
+# However slow the store, a crashed owner's buckets wait at most this many TTLs.
+MAX_STRETCH = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,9 +79,6 @@ class LeaseManager:
         self.collection = collection
         self.node_id = node_id
         self.ttl = ttl
-        # Covers clock-rate drift between this host and the database and the
-        # time a renew spends in flight: 20% of the TTL, at least half a second.
-        self.margin = max(0.2 * ttl, min(0.5, ttl / 2))
         self.monotonic = monotonic
         self.held: dict[int, Lease] = {}
         # Held but withdrawn from new work: about to be released.
@@ -74,10 +89,30 @@ class LeaseManager:
         # matched nothing. It makes a paused node a true zombie, so the chaos
         # checker can show that it catches the double claims that follow.
         self.unfenced = unfenced
+        self._round_trips: deque[float] = deque(maxlen=RECENT_ROUND_TRIPS)
 
     @property
     def renew_interval(self) -> float:
+        # From the configured TTL, not the term: a slow store gets renews as
+        # often as a fast one, so the term comes back as soon as it recovers.
         return self.ttl / 3
+
+    @property
+    def term(self) -> float:
+        """How long the next lease written lasts, in seconds."""
+        slowest = max(self._round_trips, default=0.0)
+        return min(max(self.ttl, STRETCH * slowest), MAX_STRETCH * self.ttl)
+
+    def margin(self, term: float) -> float:
+        """Covers clock-rate drift between this host and the database and the
+        time a renew spends in flight: 20% of the term, at least half a second."""
+        return max(0.2 * term, min(0.5, term / 2))
+
+    def _deadline(self, sent: float, term: float) -> float:
+        return sent + term - self.margin(term)
+
+    def _timed(self, sent: float) -> None:
+        self._round_trips.append(self.monotonic() - sent)
 
     def usable(self) -> dict[int, int]:
         """bucket -> token for every lease new work may start under: held,
@@ -100,22 +135,30 @@ class LeaseManager:
     def _current(self, lease: Lease, now: float) -> bool:
         return self.unfenced or lease.deadline > now
 
-    def _expiry_pipeline(self) -> list[dict[str, Any]]:
-        return [{"$set": {"expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]}}}]
+    @staticmethod
+    def _expiry_pipeline(term: float) -> list[dict[str, Any]]:
+        return [{"$set": {"expiresAt": {"$add": ["$$NOW", int(term * 1000)]}}}]
 
     async def renew(self) -> list[int]:
         """Extend every held lease; returns the buckets found lost."""
         self._drop_expired()
         if not self.held:
             return []
-        sent = self.monotonic()
+        sent, term = self.monotonic(), self.term
+        # This renew may take effect on the server even if we never hear
+        # back, and a shorter term than the last one moves the server's
+        # expiry earlier: the local deadline must not outlive it.
+        for bucket, lease in list(self.held.items()):
+            if self._deadline(sent, term) < lease.deadline:
+                self.held[bucket] = Lease(bucket, lease.token, self._deadline(sent, term))
         held = dict(self.held)
         # One update for all: owner is our unique node id, and only we set it,
         # so it stands for (owner, token) here; the read below checks tokens
         # whenever the count says something changed.
         result = await self.collection.update_many(
-            {"_id": {"$in": sorted(held)}, "owner": self.node_id}, self._expiry_pipeline()
+            {"_id": {"$in": sorted(held)}, "owner": self.node_id}, self._expiry_pipeline(term)
         )
+        self._timed(sent)
         kept = set(held)
         if result.matched_count != len(held):
             current = await self.collection.find(
@@ -129,7 +172,7 @@ class LeaseManager:
         lost = [] if self.unfenced else sorted(set(held) - kept)
         for bucket in kept:
             if self.held.get(bucket) == held[bucket]:
-                self.held[bucket] = Lease(bucket, held[bucket].token, sent + self.ttl - self.margin)
+                self.held[bucket] = Lease(bucket, held[bucket].token, self._deadline(sent, term))
         for bucket in lost:
             self._lose(bucket, "renew matched nothing")
         return lost
@@ -161,13 +204,13 @@ class LeaseManager:
         candidates = sorted([*takeable, *unseen])
         if not candidates:
             return []
-        sent = self.monotonic()
+        sent, term = self.monotonic(), self.term
         take = [
             {
                 "$set": {
                     "owner": self.node_id,
                     "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
-                    "expiresAt": {"$add": ["$$NOW", int(self.ttl * 1000)]},
+                    "expiresAt": {"$add": ["$$NOW", int(term * 1000)]},
                     "acquiredAt": "$$NOW",
                 }
             }
@@ -186,6 +229,7 @@ class LeaseManager:
             others = [e for e in exc.details.get("writeErrors", []) if e["code"] != DUPLICATE_KEY]
             if others:
                 raise
+        self._timed(sent)
         won = await self.collection.find(
             {"_id": {"$in": candidates}, "owner": self.node_id},
             {"token": 1},
@@ -194,7 +238,7 @@ class LeaseManager:
         gained = []
         for doc in won:
             bucket = int(doc["_id"])
-            self.held[bucket] = Lease(bucket, int(doc["token"]), sent + self.ttl - self.margin)
+            self.held[bucket] = Lease(bucket, int(doc["token"]), self._deadline(sent, term))
             gained.append(bucket)
         if gained:
             log.info("leases acquired", buckets=len(gained), held=len(self.held))

@@ -150,6 +150,12 @@ class LeaseCollector(Collector):
         for bucket, lease in sorted(self.leases.held.items()):
             tokens.add_metric([str(bucket)], lease.token)
         yield tokens
+        yield GaugeMetricFamily(
+            "scheduler_lease_term_seconds",
+            "How long this node's next lease write lasts: LEASE_TTL, stretched while "
+            "lease round trips are slow",
+            value=self.leases.term,
+        )
 
 
 class MembershipCollector(Collector):

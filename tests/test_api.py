@@ -220,6 +220,9 @@ async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
     assert {int(b): float(t) for b, t in tokens.items()} == {
         o["bucket"]: float(o["token"]) for o in cluster["buckets"]["owners"]
     }
+    # An idle store answers lease writes quickly: the term is the configured TTL.
+    [term] = re.findall(r"^scheduler_lease_term_seconds (\S+)$", text, re.M)
+    assert float(term) == api.node.config.lease_ttl
     owners = cluster["buckets"]["owners"]
     assert [o["bucket"] for o in owners] == list(range(16))
     assert {o["owner"] for o in owners} == {"node-a"}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.leases import LeaseManager
+from pymongo.errors import AutoReconnect
+
+from node.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
 from node.schedules import Limits, parse_new_schedule
 from node.store import ScheduleStore
 from tests.conftest import wait_until
@@ -19,6 +21,38 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class SlowStore:
+    """The buckets collection, with lease writes that take ``delay`` seconds of
+    the fake clock (a store saturated by a backlog, made deterministic), and
+    optionally a reply lost after the server applied the write."""
+
+    def __init__(self, collection: Any, clock: FakeClock) -> None:
+        self.collection, self.clock = collection, clock
+        self.delay = 0.0
+        self.lose_next_reply = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collection, name)
+
+    async def update_many(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.collection.update_many(*args, **kwargs)
+        self.clock.now += self.delay
+        if self.lose_next_reply:
+            self.lose_next_reply = False
+            raise AutoReconnect("reply lost after the write")
+        return result
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.collection.bulk_write(*args, **kwargs)
+        self.clock.now += self.delay
+        return result
+
+
+async def seconds_left_on_server(mongo: Any, bucket: int) -> float:
+    doc = await mongo.buckets.find_one({"_id": bucket})
+    return float((doc["expiresAt"] - datetime.now(UTC)).total_seconds())
 
 
 def manager(
@@ -74,7 +108,7 @@ async def test_local_deadline_stops_work_without_the_database(mongo: Any) -> Non
     await a.acquire([0, 1])
     token = a.usable()[0]
     assert a.is_usable(0, token)
-    clock.now += 10.0 - a.margin - 0.01
+    clock.now += 10.0 - a.margin(10.0) - 0.01
     assert set(a.usable()) == {0, 1}
     clock.now += 0.02
     # No renew reached the store: the node must stop before the server-side
@@ -156,3 +190,79 @@ async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mong
     assert await zombie.renew() == []
     assert zombie.usable() == tokens
     assert zombie.is_usable(1, tokens[1])
+
+
+async def renew_when_due(a: LeaseManager, clock: FakeClock, last_sent: float) -> float:
+    """As the ownership loop does: a renew interval after the last one was
+    sent, or at once if that has passed. Returns when this one was sent."""
+    clock.now = max(clock.now, last_sent + a.renew_interval)
+    sent = clock.now
+    await a.renew()
+    if not a.held:
+        await a.acquire([0])
+    return sent
+
+
+async def test_a_slow_store_stretches_the_lease_term_and_a_recovered_one_restores_it(
+    mongo: Any,
+) -> None:
+    clock = FakeClock()
+    store = SlowStore(mongo.buckets, clock)
+    a = LeaseManager(store, "a", 6.0, monotonic=clock)
+    sent = clock.now
+    assert await a.acquire([0]) == [0]
+    # The store slows to 5 s a lease write, more than a 6 s term leaves
+    # (6 - 20% margin): the first slow renew comes back too late and the lease
+    # is lost once; retaken with a stretched term, it then holds. At a fixed
+    # term every retake would be lost again: the livelock.
+    store.delay = 5.0
+    for _ in range(6):
+        sent = await renew_when_due(a, clock, sent)
+    assert a.losses == 1
+    assert a.term == 15.0
+    assert set(a.usable()) == {0}
+    assert 9.0 < await seconds_left_on_server(mongo, 0) <= 15.0
+
+    store.delay = 0.0
+    for _ in range(RECENT_ROUND_TRIPS):
+        sent = await renew_when_due(a, clock, sent)
+    assert a.term == 6.0
+    sent = await renew_when_due(a, clock, sent)  # the first renew at the restored term
+    assert await seconds_left_on_server(mongo, 0) <= 6.0
+    assert a.losses == 1
+
+    # However slow the store, a dead owner's buckets wait a bounded time.
+    store.delay = 1000.0
+    await renew_when_due(a, clock, sent)
+    assert a.term == MAX_STRETCH * 6.0
+
+
+async def test_a_shorter_term_cuts_the_local_deadline_even_when_the_reply_is_lost(
+    mongo: Any,
+) -> None:
+    clock = FakeClock()
+    store = SlowStore(mongo.buckets, clock)
+    a = LeaseManager(store, "a", 6.0, monotonic=clock)
+    store.delay = 10.0
+    await a.acquire([0])  # back after its 6 s term: lost, retaken at 30 s
+    sent = await renew_when_due(a, clock, clock.now)
+    assert a.term == 30.0 and set(a.usable()) == {0}
+    store.delay = 0.0
+    for _ in range(RECENT_ROUND_TRIPS):
+        sent = await renew_when_due(a, clock, sent)
+    assert a.term == 6.0
+    # The last renew was sent at the stretched term: locally good for 24 s.
+    # The next sets the server's expiry 6 s ahead, then its reply is lost: the
+    # 24 s must not stand, or the node would work past the server's expiry.
+    store.lose_next_reply = True
+    clock.now = sent + a.renew_interval
+    sent = clock.now
+    try:
+        await a.renew()
+    except AutoReconnect:
+        pass
+    else:
+        raise AssertionError("the lost reply was not raised")
+    assert set(a.usable()) == {0}
+    clock.now = sent + 6.0 - a.margin(6.0) + 0.01
+    assert a.usable() == {}
