@@ -380,7 +380,7 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
                     for f in FIGURES
                 }
                 for workload in ("burst", "spread")
-                if workload in result["plan"]["baseline_workloads"]
+                if workload in result["plan"].get("baseline_workloads", ("burst", "spread"))
             }
     history = result.get("burst_without_history")
     return {
