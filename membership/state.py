@@ -140,9 +140,10 @@ class Swim:
         # the list instead costs O(N) per member learned, O(N^2) for a join's
         # full state (minutes at 5,000 members).
         self._probe_ahead: set[str] = set()
-        # Who gossip may go to (ALIVE or SUSPECT, not us), rebuilt after any
-        # member is added, changes state or is forgotten (_states_changed):
-        # listing the members every gossip round is O(N) five times a second.
+        # Who gossip may go to (ALIVE or SUSPECT, not us), rebuilt only when a
+        # member joins, comes back or dies (_peers_changed): listing the
+        # members every gossip round is O(N) five times a second, and so is
+        # rebuilding on every suspicion, which at 5% loss comes every round.
         self._gossip_peers: list[_Member] | None = None
         self._seq = rng.randrange(1 << 30)
         self._outbox: list[Outgoing] = []
@@ -315,7 +316,7 @@ class Swim:
                 update.member, update.address, update.incarnation, State.ALIVE, update.meta, now
             )
             self.members[update.member] = member
-            self._states_changed()
+            self._peers_changed()
             self._add_to_probe_order(update.member)
             self._emit(EventKind.JOINED, member, now)
             self._queue.push(update)
@@ -329,8 +330,8 @@ class Swim:
         self._suspicions.pop(member.id, None)
         if previous != State.ALIVE:
             member.state, member.since = State.ALIVE, now
-            self._states_changed()
             if previous in (State.DEAD, State.LEFT):
+                self._peers_changed()
                 self._add_to_probe_order(member.id)
             self._emit(EventKind.ALIVE, member, now)
         elif changed:
@@ -351,8 +352,7 @@ class Swim:
                 self._queue.push(update)  # spread the confirmation
             return
         member.incarnation = update.incarnation
-        member.state, member.since = State.SUSPECT, now
-        self._states_changed()
+        member.state, member.since = State.SUSPECT, now  # a gossip peer still
         low, high = self.config.suspicion_timeouts(len(self.members))
         expected = max(0, int(self.config.suspicion_mult) - 2)
         if len(self.members) - 2 < expected:
@@ -385,7 +385,7 @@ class Swim:
         left = update.source == update.member
         member.incarnation = update.incarnation
         member.state, member.since = (State.LEFT if left else State.DEAD), now
-        self._states_changed()
+        self._peers_changed()
         self._suspicions.pop(member.id, None)
         if not left:
             self.stats.deaths += 1
@@ -510,7 +510,7 @@ class Swim:
         self._probe_order.insert(position, member_id)
         self._probe_ahead.add(member_id)
 
-    def _states_changed(self) -> None:
+    def _peers_changed(self) -> None:
         self._gossip_peers = None
 
     def _gossip(self, now: float) -> None:
@@ -536,8 +536,7 @@ class Swim:
         retention = self.config.dead_retention
         for member in list(self.members.values()):
             if member.state in (State.DEAD, State.LEFT) and now - member.since > retention:
-                del self.members[member.id]
-                self._states_changed()
+                del self.members[member.id]  # not a gossip peer: dead or left
         # Dead members stay candidates: an exchange across a healed partition
         # is what lets both sides learn the other is alive again.
         candidates = [m for m in self.members.values() if m.id != self.id and m.state != State.LEFT]
