@@ -257,7 +257,7 @@ SETTINGS: tuple[Setting, ...] = (
         # failure detector has declared it dead, whichever is later. 6 s is
         # about the lan preset's detection time, so detection sets the pace:
         # at 10 s the lease did (python -m bench failover: delivery resumed
-        # within 8.4-10.4 s at 10, 6-7 s at 6). Shorter means more renew
+        # within 7.4-9.5 s at 10, 4.6-5.4 s at 6). Shorter means more renew
         # writes and less room for a slow renew (TTL - TTL/3 - margin) before
         # a node stops work, though a slow store stretches the term (node/leases.py);
         # exclusivity never depends on it (fencing tokens).
