@@ -136,8 +136,8 @@ class LeaseManager:
         return self.unfenced or lease.deadline > now
 
     @staticmethod
-    def _expiry_pipeline(term: float) -> list[dict[str, Any]]:
-        return [{"$set": {"expiresAt": {"$add": ["$$NOW", int(term * 1000)]}}}]
+    def _expires_at(term: float) -> dict[str, Any]:
+        return {"$add": ["$$NOW", int(term * 1000)]}
 
     async def renew(self) -> list[int]:
         """Extend every held lease; returns the buckets found lost."""
@@ -148,15 +148,17 @@ class LeaseManager:
         # This renew may take effect on the server even if we never hear
         # back, and a shorter term than the last one moves the server's
         # expiry earlier: the local deadline must not outlive it.
+        latest = self._deadline(sent, term)
         for bucket, lease in list(self.held.items()):
-            if self._deadline(sent, term) < lease.deadline:
-                self.held[bucket] = Lease(bucket, lease.token, self._deadline(sent, term))
+            if latest < lease.deadline:
+                self.held[bucket] = Lease(bucket, lease.token, latest)
         held = dict(self.held)
         # One update for all: owner is our unique node id, and only we set it,
         # so it stands for (owner, token) here; the read below checks tokens
         # whenever the count says something changed.
         result = await self.collection.update_many(
-            {"_id": {"$in": sorted(held)}, "owner": self.node_id}, self._expiry_pipeline(term)
+            {"_id": {"$in": sorted(held)}, "owner": self.node_id},
+            [{"$set": {"expiresAt": self._expires_at(term)}}],
         )
         self._timed(sent)
         kept = set(held)
@@ -210,7 +212,7 @@ class LeaseManager:
                 "$set": {
                     "owner": self.node_id,
                     "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
-                    "expiresAt": {"$add": ["$$NOW", int(term * 1000)]},
+                    "expiresAt": self._expires_at(term),
                     "acquiredAt": "$$NOW",
                 }
             }

@@ -192,6 +192,13 @@ async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mong
     assert zombie.is_usable(1, tokens[1])
 
 
+def slow_manager(mongo: Any) -> tuple[FakeClock, SlowStore, LeaseManager]:
+    """A manager with a 6 s TTL whose lease writes go through a SlowStore."""
+    clock = FakeClock()
+    store = SlowStore(mongo.buckets, clock)
+    return clock, store, LeaseManager(store, "a", 6.0, monotonic=clock)
+
+
 async def renew_when_due(a: LeaseManager, clock: FakeClock, last_sent: float) -> float:
     """As the ownership loop does: a renew interval after the last one was
     sent, or at once if that has passed. Returns when this one was sent."""
@@ -206,9 +213,7 @@ async def renew_when_due(a: LeaseManager, clock: FakeClock, last_sent: float) ->
 async def test_a_slow_store_stretches_the_lease_term_and_a_recovered_one_restores_it(
     mongo: Any,
 ) -> None:
-    clock = FakeClock()
-    store = SlowStore(mongo.buckets, clock)
-    a = LeaseManager(store, "a", 6.0, monotonic=clock)
+    clock, store, a = slow_manager(mongo)
     sent = clock.now
     assert await a.acquire([0]) == [0]
     # The store slows to 5 s a lease write, more than a 6 s term leaves
@@ -240,9 +245,7 @@ async def test_a_slow_store_stretches_the_lease_term_and_a_recovered_one_restore
 async def test_a_shorter_term_cuts_the_local_deadline_even_when_the_reply_is_lost(
     mongo: Any,
 ) -> None:
-    clock = FakeClock()
-    store = SlowStore(mongo.buckets, clock)
-    a = LeaseManager(store, "a", 6.0, monotonic=clock)
+    clock, store, a = slow_manager(mongo)
     store.delay = 10.0
     await a.acquire([0])  # back after its 6 s term: lost, retaken at 30 s
     sent = await renew_when_due(a, clock, clock.now)
