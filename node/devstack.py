@@ -26,6 +26,8 @@ from typing import IO
 from node import embedded
 
 READY_TIMEOUT = 90.0
+# Shown with a child's early exit, so the cause is on the screen, not only in its log.
+LOG_TAIL_LINES = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +69,16 @@ class DevStack:
             wanted.append(
                 (f"node-{i + 1} gossip (--gossip-port)", o.gossip_port + i, socket.SOCK_DGRAM)
             )
-        return [
-            f"port {port} for {what} is already in use"
-            for what, port, kind in wanted
-            if embedded.port_taken(o.host, port, kind)
-        ]
+        problems: list[str] = []
+        claimed: dict[tuple[int, socket.SocketKind], str] = {}
+        for what, port, kind in wanted:
+            if (port, kind) in claimed:
+                problems.append(f"port {port} is asked for both {claimed[port, kind]} and {what}")
+                continue
+            claimed[port, kind] = what
+            if embedded.port_taken(o.host, port, kind):
+                problems.append(f"port {port} for {what} is already in use")
+        return problems
 
     def _log(self, name: str) -> tuple[IO[bytes], Path]:
         logs = self.options.data_dir / "logs"
@@ -80,6 +87,19 @@ class DevStack:
         handle = path.open("ab")
         self._log_files.append(handle)
         return handle, path
+
+    @staticmethod
+    def _exited(child: Child) -> str:
+        return f"{child.name} exited with {child.process.returncode} (log: {child.log_path})"
+
+    @staticmethod
+    def _log_tail(child: Child) -> str:
+        """The last lines of a child's log, indented, one per line: the cause
+        of an early exit belongs on the screen, not only in the log."""
+        with contextlib.suppress(OSError):
+            lines = child.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            return "".join(f"\n    {line}" for line in lines)
+        return ""
 
     def _spawn(self, name: str, address: str, argv: list[str]) -> Child:
         handle, path = self._log(name)
@@ -129,9 +149,7 @@ class DevStack:
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline and not self.stop_requested.is_set():
             if child.process.poll() is not None:
-                raise embedded.EmbeddedError(
-                    f"{child.name} exited with {child.process.returncode} (log: {child.log_path})"
-                )
+                raise embedded.EmbeddedError(self._exited(child) + self._log_tail(child))
             with (
                 contextlib.suppress(OSError, urllib.error.URLError, ValueError),
                 urllib.request.urlopen(f"{child.address}/readyz", timeout=2) as response,
@@ -159,7 +177,8 @@ class DevStack:
         return "\n".join(lines)
 
     def wait(self, err: IO[str] = sys.stderr) -> str | None:
-        """Block until a stop is requested (None) or the database or broker dies.
+        """Block until a stop is requested (None) or the database or broker dies
+        (what to print: which, why, and its log's last lines).
 
         A node that exits is reported and the rest keep running, so a user
         can kill one on purpose and watch its buckets move to another.
@@ -169,13 +188,15 @@ class DevStack:
             for child in self.children:
                 if child.process.poll() is None or child.name in reported:
                     continue
-                message = (
-                    f"{child.name} exited with {child.process.returncode} (log: {child.log_path})"
-                )
                 if not child.name.startswith("node-"):
-                    return message
+                    return f"{self._exited(child)}; stopping everything{self._log_tail(child)}"
                 reported.add(child.name)
-                print(f"dev: {message}; the other nodes keep running", file=err, flush=True)
+                print(
+                    f"dev: {self._exited(child)}; the other nodes keep running"
+                    + self._log_tail(child),
+                    file=err,
+                    flush=True,
+                )
         return None
 
     def stop(self) -> None:
@@ -216,7 +237,7 @@ def run_dev(options: DevOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.s
         print("dev: ready. Ctrl-C stops everything.", file=out, flush=True)
         failure = stack.wait(err)
         if failure:
-            print(f"dev: {failure}; stopping everything", file=err, flush=True)
+            print(f"dev: {failure}", file=err, flush=True)
             return 1
         return 0
     except embedded.EmbeddedError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -21,27 +22,39 @@ from typing import Any
 import pytest
 
 from node import embedded
+from node.devstack import DevOptions, DevStack
 from ring import bucket_for
 from tests.conftest import TopicReader, wait_until
 
 pytestmark = pytest.mark.slow
 
 
+def below_ephemeral_ports() -> int:
+    """The first port the kernel hands out to client sockets and to bind(0).
+
+    Ports picked below it cannot be taken between the check and the bind by
+    a node's outgoing connections or by a free_port() for another server."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32_768
+
+
 def consecutive_free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
     for _ in range(200):
-        base = random.randint(20_000, 60_000)
+        base = random.randint(10_000, below_ephemeral_ports() - count)
         if not any(embedded.port_taken("127.0.0.1", base + i, kind) for i in range(count)):
             return base
     raise RuntimeError("no free port range")
 
 
 class DevProcess:
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "node", "dev", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -75,26 +88,26 @@ def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int
         return response.status, json.load(response)
 
 
+def dev_args(nodes: int, http_port: int, kafka_port: int, data_dir: Path) -> list[str]:
+    return [
+        "--nodes",
+        str(nodes),
+        "--http-port",
+        str(http_port),
+        "--gossip-port",
+        str(consecutive_free_ports(nodes, socket.SOCK_DGRAM)),
+        "--mongo-port",
+        str(embedded.free_port()),
+        "--kafka-port",
+        str(kafka_port),
+        "--data-dir",
+        str(data_dir),
+    ]
+
+
 async def test_dev_stack_delivers_and_stops_every_child(tmp_path: Path) -> None:
-    http_port = consecutive_free_ports(2)
-    gossip_port = consecutive_free_ports(2, socket.SOCK_DGRAM)
-    mongo_port, kafka_port = embedded.free_port(), embedded.free_port()
-    dev = DevProcess(
-        [
-            "--nodes",
-            "2",
-            "--http-port",
-            str(http_port),
-            "--gossip-port",
-            str(gossip_port),
-            "--mongo-port",
-            str(mongo_port),
-            "--kafka-port",
-            str(kafka_port),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ]
-    )
+    http_port, kafka_port = consecutive_free_ports(2), embedded.free_port()
+    dev = DevProcess(dev_args(2, http_port, kafka_port, tmp_path / "data"))
     try:
         output = dev.read_until("dev: ready")
         pids = [int(m.group(1)) for line in output if (m := re.search(r"pid (\d+)", line))]
@@ -207,3 +220,40 @@ def test_dev_refuses_a_taken_port_and_names_it(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"port {port} for Kafka (--kafka-port) is already in use" in result.stderr
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_dev_shows_why_a_node_exited_and_stops_everything(tmp_path: Path) -> None:
+    # A setting the nodes refuse (they read the environment like any node):
+    # the reason must be on the screen, not only in the node's log.
+    dev = DevProcess(
+        dev_args(1, consecutive_free_ports(1), embedded.free_port(), tmp_path / "data"),
+        env={"LEASE_TTL": "soon"},
+    )
+    try:
+        assert dev.process.wait(timeout=120) == 1
+        output = "\n".join(dev.read_until("dev: stopped"))
+    finally:
+        if dev.process.poll() is None:
+            dev.process.kill()
+            dev.process.wait()
+    assert "node-1 exited with 2" in output
+    assert "config error:" in output and "LEASE_TTL" in output, output
+    assert "dev: ready" not in output
+
+
+def test_dev_refuses_a_port_asked_for_twice() -> None:
+    base = consecutive_free_ports(3)
+    stack = DevStack(DevOptions(nodes=3, http_port=base, kafka_port=base + 2))
+    assert (
+        f"port {base + 2} is asked for both Kafka (--kafka-port) and node-3 HTTP (--http-port)"
+        in stack.taken_ports()
+    )
+    # Gossip is UDP: the same number as a TCP port is no clash.
+    apart = DevOptions(
+        nodes=1,
+        http_port=base,
+        gossip_port=base,
+        mongo_port=embedded.free_port(),
+        kafka_port=embedded.free_port(),
+    )
+    assert DevStack(apart).taken_ports() == []
