@@ -19,6 +19,8 @@ and the margin loses every lease, the batch in flight is redone under a new
 token, and the store stays saturated: the cluster livelocks on one batch
 (python -m bench delivery, 2 nodes, 20,000 due at once, TTL 6 s). Stretched,
 failover after a crash waits longer only while the store is that slow.
+Time this process stood still (node/stalls.py) is not the store's and is
+left out of the round trips.
 
 Expiry is judged by the database server's clock (``$$NOW`` in an update
 pipeline), so nodes' wall clocks never decide who owns what. The local
@@ -74,12 +76,15 @@ class LeaseManager:
         ttl: float,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        stalled_since: Callable[[float], float] = lambda _since: 0.0,
         unfenced: bool = False,
     ) -> None:
         self.collection = collection
         self.node_id = node_id
         self.ttl = ttl
         self.monotonic = monotonic
+        # Seconds the process stood still since a monotonic time (node/stalls.py).
+        self.stalled_since = stalled_since
         self.held: dict[int, Lease] = {}
         # Held but withdrawn from new work: about to be released.
         self.suspended: set[int] = set()
@@ -112,7 +117,10 @@ class LeaseManager:
         return sent + term - self.margin(term)
 
     def _timed(self, sent: float) -> None:
-        self._round_trips.append(self.monotonic() - sent)
+        # Only the store's share: a reply that waited out a pause of this
+        # process (SIGSTOP, a frozen VM) must not stretch the next leases.
+        elapsed = self.monotonic() - sent
+        self._round_trips.append(max(0.0, elapsed - self.stalled_since(sent)))
 
     def usable(self) -> dict[int, int]:
         """bucket -> token for every lease new work may start under: held,

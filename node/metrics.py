@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from membership.messages import State
 from membership.service import Membership
 from node.leases import LeaseManager
+from node.stalls import StallMeter
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -129,6 +130,9 @@ class NodeMetrics:
     def watch_leases(self, leases: LeaseManager) -> None:
         self.registry.register(LeaseCollector(leases))
 
+    def watch_stalls(self, stalls: StallMeter) -> None:
+        self.registry.register(StallCollector(stalls))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -155,6 +159,27 @@ class LeaseCollector(Collector):
             "How long this node's next lease write lasts: LEASE_TTL, stretched while "
             "lease round trips are slow",
             value=self.leases.term,
+        )
+
+
+class StallCollector(Collector):
+    """Times the node's process stood still: a pause longer than the lease
+    TTL costs the node its leases, and a gossip pause can get it declared dead."""
+
+    def __init__(self, stalls: StallMeter) -> None:
+        self.stalls = stalls
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        yield CounterMetricFamily(
+            "scheduler_process_stalls",
+            "Times the process stood still for a second or more (paused, frozen, "
+            "or a blocked event loop)",
+            value=self.stalls.count,
+        )
+        yield CounterMetricFamily(
+            "scheduler_process_stalled_seconds",
+            "Seconds the process stood still, summed over its stalls",
+            value=self.stalls.seconds,
         )
 
 

@@ -40,6 +40,7 @@ from node.poller import BucketPoller
 from node.publisher import KafkaPublisher
 from node.quotas import PendingQuota
 from node.retry import RetryPolicy
+from node.stalls import StallMeter
 from node.store import DURABLE, ScheduleStore, utcnow
 from node.tenants import DEFAULT_TENANT, TenantDirectory, TenantStore
 from ring import PLACEMENT_VERSION, parse_version
@@ -72,12 +73,15 @@ class Node:
             unfenced=unfenced,
             misfire_threshold=timedelta(seconds=config.misfire_threshold),
         )
+        self.stalls = StallMeter()
+        self.metrics.watch_stalls(self.stalls)
         # A lease write lost in a database crash could move a token backwards
         # and undo the fence: leases are written as durably as schedules.
         self.leases = LeaseManager(
             database["buckets"].with_options(write_concern=DURABLE),
             config.node_id,
             config.lease_ttl,
+            stalled_since=self.stalls.stalled_since,
             unfenced=unfenced,
         )
         self.metrics.watch_leases(self.leases)
@@ -130,6 +134,7 @@ class Node:
         self.http_port: int | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stall_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class Node:
         """Start everything; returns False if ``stopping`` was set while waiting
         for the store or broker. Raises BucketCountMismatch (fatal)."""
         self.state = "starting"
+        self._stall_task = asyncio.create_task(self.stalls.run(), name="stalls")
         stopping = stopping or asyncio.Event()
         if not await self._retry_until_ready("store", self._prepare_store, stopping):
             return False
@@ -277,6 +283,8 @@ class Node:
             await self.history_writer.close()
         await self.publisher.stop()
         await self.client.close()
+        if self._stall_task is not None:
+            self._stall_task.cancel()
         self.state = "stopped"
         log.info("node stopped")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -227,6 +228,24 @@ async def test_health_readiness_metrics_and_cluster(api: NodeHandle) -> None:
     assert [o["bucket"] for o in owners] == list(range(16))
     assert {o["owner"] for o in owners} == {"node-a"}
     assert all(o["token"] >= 1 for o in owners)
+
+
+async def test_a_blocked_event_loop_counts_as_a_stall(api: NodeHandle) -> None:
+    def stalls() -> tuple[float, float]:
+        found = dict(re.findall(r"^scheduler_process_(stall\w+)_total (\S+)$", text, re.M))
+        return float(found["stalls"]), float(found["stalled_seconds"])
+
+    _, text = await api.request("GET", "/metrics")
+    count, seconds = stalls()
+    time.sleep(1.5)  # noqa: ASYNC251 - on purpose: the node stands still, as if paused
+
+    async def counted() -> bool:
+        nonlocal text
+        _, text = await api.request("GET", "/metrics")
+        return stalls()[0] > count
+
+    await wait_until(counted, what="the stall to be counted")
+    assert stalls()[1] - seconds >= 1.3
 
 
 async def test_every_log_line_about_a_schedule_names_its_id_bucket_and_token(

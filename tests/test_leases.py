@@ -9,6 +9,7 @@ from pymongo.errors import AutoReconnect
 
 from node.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
 from node.schedules import Limits, parse_new_schedule
+from node.stalls import StallMeter
 from node.store import ScheduleStore
 from tests.conftest import wait_until
 
@@ -26,19 +27,31 @@ class FakeClock:
 class SlowStore:
     """The buckets collection, with lease writes that take ``delay`` seconds of
     the fake clock (a store saturated by a backlog, made deterministic), and
-    optionally a reply lost after the server applied the write."""
+    optionally a reply lost after the server applied the write. With a stall
+    meter, the node's timer ticks through the delay unless ``paused`` (the
+    process stopped while the reply waited)."""
 
-    def __init__(self, collection: Any, clock: FakeClock) -> None:
-        self.collection, self.clock = collection, clock
+    def __init__(self, collection: Any, clock: FakeClock, meter: StallMeter | None = None) -> None:
+        self.collection, self.clock, self.meter = collection, clock, meter
         self.delay = 0.0
+        self.paused = False
         self.lose_next_reply = False
+
+    def _elapse(self) -> None:
+        if self.meter is None or self.paused:
+            self.clock.now += self.delay
+            return
+        end = self.clock.now + self.delay
+        while self.clock.now < end:
+            self.clock.now = min(end, self.clock.now + self.meter.tick)
+            self.meter.ticked()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.collection, name)
 
     async def update_many(self, *args: Any, **kwargs: Any) -> Any:
         result = await self.collection.update_many(*args, **kwargs)
-        self.clock.now += self.delay
+        self._elapse()
         if self.lose_next_reply:
             self.lose_next_reply = False
             raise AutoReconnect("reply lost after the write")
@@ -46,7 +59,7 @@ class SlowStore:
 
     async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
         result = await self.collection.bulk_write(*args, **kwargs)
-        self.clock.now += self.delay
+        self._elapse()
         return result
 
 
@@ -269,3 +282,23 @@ async def test_a_shorter_term_cuts_the_local_deadline_even_when_the_reply_is_los
     assert set(a.usable()) == {0}
     clock.now = sent + 6.0 - a.margin(6.0) + 0.01
     assert a.usable() == {}
+
+
+async def test_a_pause_of_the_process_does_not_stretch_the_term(mongo: Any) -> None:
+    # A renew in flight when the node is SIGSTOPped gets its reply 20 s
+    # later. The store answered at once: the term must stay the TTL, or the
+    # buckets this node takes back would wait 30 s on its next crash.
+    clock = FakeClock()
+    stalls = StallMeter(monotonic=clock)
+    store = SlowStore(mongo.buckets, clock, stalls)
+    a = LeaseManager(store, "a", 6.0, monotonic=clock, stalled_since=stalls.stalled_since)
+    assert await a.acquire([0]) == [0]
+    store.delay, store.paused = 20.0, True  # the reply waits in the socket buffer
+    await a.renew()
+    assert a.term == 6.0
+    assert a.usable() == {}  # the pause still costs the lease: its deadline passed
+    # A slow store, the node's timer ticking on time meanwhile, still stretches it.
+    assert stalls.ticked() > 19.0  # the node's timer fires after SIGCONT
+    store.delay, store.paused = 5.0, False
+    assert await a.acquire([0]) == [0]
+    assert a.term == 15.0
