@@ -4,7 +4,9 @@ node processes on the embedded stack, under load, and checks the outcome
 
 The load posts ``rate`` schedules per second through random ready nodes, due
 0-4 s ahead (one in twenty already due); one in fifty is cancelled a moment
-later, and only a 200 on the DELETE counts it as cancelled. Each fault gets
+later. A 200 on the DELETE counts it as cancelled; a DELETE with no answer
+(the node was paused or cut off mid-request, and may have cancelled it) is
+settled after the run by asking a node for the schedule. Each fault gets
 a window from its start to the end of the recovery allowance (failure
 detection plus a lease TTL); lateness is reported inside each window and
 outside all of them. After each fault the runner also measures how long the
@@ -104,6 +106,9 @@ class Run:
         self.accepted: dict[str, float] = {}  # unit (a schedule or an occurrence) -> due
         self.chains: set[str] = set()  # recurring schedules created
         self.cancelled: set[str] = set()
+        # DELETEs without an answer (timed out, connection cut): cancelled or
+        # not is asked again after the run, when a node can say.
+        self.cancel_unknown: set[str] = set()
         self.refusals: Counter[str] = Counter()
         self.events: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []  # each node's view, once a second
@@ -359,7 +364,30 @@ class Run:
                 if r.status == 200:
                     self.cancelled.add(schedule_id)
         except (aiohttp.ClientError, TimeoutError, OSError):
-            pass  # unknown outcome: not counted as cancelled
+            # The node may have cancelled it and been paused or cut off before
+            # it answered: neither lost if it never arrives nor cancelled.
+            self.cancel_unknown.add(schedule_id)
+
+    async def _resolve_unknown_cancels(self) -> None:
+        """Ask a node what became of each DELETE that got no answer: a
+        schedule it reports CANCELLED counts as cancelled, like a 200."""
+        if not self.cancel_unknown:
+            return
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for schedule_id in sorted(self.cancel_unknown):
+                for name in self._running():
+                    url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
+                    try:
+                        async with session.get(url) as r:
+                            if r.status != 200:
+                                continue
+                            if (await r.json()).get("status") == "CANCELLED":
+                                self.cancelled.add(schedule_id)
+                            self.cancel_unknown.discard(schedule_id)
+                            break
+                    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                        continue
 
     async def _load(self, session: aiohttp.ClientSession) -> None:
         total = int(self.scenario.rate * self.scenario.duration)
@@ -420,13 +448,16 @@ class Run:
                 self.paused.discard(name)
             await asyncio.gather(*self._background)
 
-            expected = set(self.accepted) - self.cancelled
+            # Waited for without the unanswered DELETEs: those are settled after.
+            expected = set(self.accepted) - self.cancelled - self.cancel_unknown
 
             def all_arrived() -> bool:
                 return expected <= {r[0] for r in recorder.records}
 
             await until(all_arrived, GRACE, "every accepted schedule", strict=False)
             await asyncio.sleep(2)  # late duplicates, if any, arrive too
+            unanswered = len(self.cancel_unknown)
+            await self._resolve_unknown_cancels()
             sampling_done.set()
             await sampler
             await recorder.stop()
@@ -462,6 +493,7 @@ class Run:
                 seed=self.seed,
                 settings=asdict(self.scenario),
                 refused=sum(self.refusals.values()),
+                cancels_unanswered=unanswered,
                 refusals=dict(self.refusals.most_common(10)),
                 events=self.events,
                 samples=self.samples,
@@ -483,7 +515,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"{result['scenario']} (seed {result['seed']}"
         f"{', nodes UNFENCED' if result['unfenced'] else ''}): {result['accepted']} accepted, "
-        f"{result['cancelled']} cancelled, {result['refused']} refused, "
+        f"{result['cancelled']} cancelled ({result.get('cancels_unanswered', 0)} DELETEs "
+        f"unanswered, asked again after the run), {result['refused']} refused, "
         f"{result['delivered']} delivered; accepted includes {result['occurrences']} "
         f"occurrences of {result['chains']} recurring schedules",
         f"lost {result['lost']}, early {result['early']}, "

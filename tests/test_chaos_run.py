@@ -3,15 +3,35 @@ the zombie owner, paused past its lease and resumed."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from chaos.runner import Run, write
 from chaos.scenario import load
+from tests.conftest import NodeFactory
 from tests.test_chaos import Svgs
 
 pytestmark = pytest.mark.slow
+
+
+def evidence(result: dict[str, Any], data_dir: Path) -> str:
+    """What a failed run's message shows: the checker's findings, then every
+    node's log lines that name a lost schedule or warn (lease losses,
+    abandoned batches, recoveries with their ids)."""
+    found = {k: result[k] for k in ("lost_ids", "early_ids", "refusals", "events")}
+    ids = [re.escape(i) for i in result["lost_ids"][:5]]
+    named = re.compile(rf"\b({'|'.join(ids)})\b") if ids else None
+    lines = []
+    for log in sorted((data_dir / "logs").glob("node-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "[warning" in line or "[error" in line or (named and named.search(line)):
+                lines.append(f"{log.stem}: {line[:300]}")
+    return f"{found}\n" + "\n".join(lines[-80:])
 
 
 async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path) -> None:
@@ -19,7 +39,7 @@ async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path
     [pause] = scenario.steps
     assert pause.lasting > 10  # longer than the nodes' lease TTL
     result = await Run(scenario, tmp_path, seed=1).run()
-    assert result["passed"], {k: result[k] for k in ("lost_ids", "early_ids", "refusals")}
+    assert result["passed"], evidence(result, tmp_path)
     assert result["accepted"] - result["occurrences"] + result["refused"] == 1000
     # Eight recurring schedules ran through the pause, every occurrence owed once.
     assert result["chains"] == 8 and result["occurrences"] >= 8 * 15
@@ -50,8 +70,11 @@ async def test_without_the_fence_the_zombie_double_claims_and_the_checker_says_s
     result = await Run(scenario, tmp_path, seed=1, unfenced=True, settle_within=15).run()
     assert not result["passed"]
     assert result["stale_claims"] > 0, result["events"]
-    # What breaks is exclusivity, not delivery.
-    assert result["lost"] == 0
+    # Delivery can break too (the checker counts it as lost), not in every
+    # run, so it is not asserted either way. One way: a newer owner hands a
+    # bucket back while a claim of its own is on the way and abandons that
+    # claim for the next owner to recover; the woken zombie never recovers
+    # it, since it never retakes the lease it trusts. CI saw 2 lost once.
 
 
 async def test_an_isolated_node_loses_nothing_and_rejoins(tmp_path: Path) -> None:
@@ -59,10 +82,30 @@ async def test_an_isolated_node_loses_nothing_and_rejoins(tmp_path: Path) -> Non
     # the nodes' chaos-mode gossip filter; the report names which.
     scenario = load("isolate-one").scaled(nodes=None, duration=30, rate=20)
     result = await Run(scenario, tmp_path, seed=1).run()
-    assert result["passed"], {k: result[k] for k in ("lost_ids", "early_ids", "refusals")}
+    assert result["passed"], evidence(result, tmp_path)
     assert result["lost"] == result["stale_claims"] == 0
     assert result["network"].startswith(("network namespaces", "in-process gossip filter"))
     steps = [e["step"] for e in result["events"]]
     assert steps == [scenario.steps[0].label, "heal"]
     # The cut-off node's buckets moved while it was away; it was taken back.
     assert all(e["settled_after_s"] is not None for e in result["events"])
+
+
+async def test_a_delete_without_an_answer_is_settled_by_asking_a_node_afterwards(
+    tmp_path: Path, start_node: NodeFactory
+) -> None:
+    # A node paused while a DELETE waited for its answer may have cancelled
+    # the schedule: the run asks afterwards instead of calling it lost.
+    node = await start_node()
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    for schedule_id in ("s1", "s2"):
+        body = {"id": schedule_id, "topic": "t", "executeAt": later, "payload": 1}
+        assert (await node.request("POST", "/v1/schedules", json=body))[0] == 201
+    assert (await node.request("DELETE", "/v1/schedules/s1"))[0] == 200
+    run = Run(load("zombie-pause"), tmp_path, seed=1)
+    run.ready.add("node-1")
+    run.cluster.nodes["node-1"] = SimpleNamespace(name="node-1", alive=True, url=node.url)  # type: ignore[assignment]
+    run.cancel_unknown = {"s1", "s2", "never-stored"}
+    await run._resolve_unknown_cancels()
+    assert run.cancelled == {"s1"}
+    assert run.cancel_unknown == {"never-stored"}  # no node could say: not counted
