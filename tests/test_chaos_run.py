@@ -70,11 +70,11 @@ async def test_without_the_fence_the_zombie_double_claims_and_the_checker_says_s
     result = await Run(scenario, tmp_path, seed=1, unfenced=True, settle_within=15).run()
     assert not result["passed"]
     assert result["stale_claims"] > 0, result["events"]
-    # Delivery can break too (the checker counts it as lost), not in every
-    # run, so it is not asserted either way. One way: a newer owner hands a
-    # bucket back while a claim of its own is on the way and abandons that
-    # claim for the next owner to recover; the woken zombie never recovers
-    # it, since it never retakes the lease it trusts. CI saw 2 lost once.
+    # Delivery can break too (the checker would count it as lost), though
+    # rarely, so it is not asserted either way: a newer owner that hands a
+    # bucket back while a claim of its own is on the way abandons that claim
+    # for the next owner to recover, and the woken zombie never recovers it,
+    # since it never retakes the lease it trusts.
 
 
 async def test_an_isolated_node_loses_nothing_and_rejoins(tmp_path: Path) -> None:
