@@ -74,6 +74,7 @@ class StallMeter:
         return late if late >= self.threshold else 0.0
 
     async def run(self) -> None:
+        self._last = self.monotonic()  # the time before it ran is no stall
         while True:
             await asyncio.sleep(self.tick)
             stalled = self.ticked()

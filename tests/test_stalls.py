@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from node.stalls import StallMeter
@@ -64,3 +66,15 @@ def test_stalls_add_up_and_old_ones_are_forgotten() -> None:
     ticking(meter, clock, 400.0, every=1.0)
     assert meter.stalled_since(start) == 0.0  # beyond what any round trip lasts
     assert meter.count == 3  # the counters keep them
+
+
+async def test_the_time_before_the_meter_runs_is_no_stall() -> None:
+    clock = Clock()
+    meter = StallMeter(monotonic=clock)
+    clock.now += 60.0  # the node was built, then took a minute to start
+    task = asyncio.create_task(meter.run())
+    await asyncio.sleep(0)  # it starts, and sleeps until its first tick
+    try:
+        assert meter.stalled_since(clock.now - 60.0) == 0.0
+    finally:
+        task.cancel()
