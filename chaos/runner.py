@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from chaos.checker import Delivery, Window, check, occurrence, passed
-from chaos.cluster import LocalCluster
+from chaos.cluster import LocalCluster, get_json
 from chaos.harness import Recorder, broker_stores, iso, until
 from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
@@ -371,23 +371,24 @@ class Run:
     async def _resolve_unknown_cancels(self) -> None:
         """Ask a node what became of each DELETE that got no answer: a
         schedule it reports CANCELLED counts as cancelled, like a 200."""
-        if not self.cancel_unknown:
-            return
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            for schedule_id in sorted(self.cancel_unknown):
-                for name in self._running():
-                    url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
-                    try:
-                        async with session.get(url) as r:
-                            if r.status != 200:
-                                continue
-                            if (await r.json()).get("status") == "CANCELLED":
-                                self.cancelled.add(schedule_id)
-                            self.cancel_unknown.discard(schedule_id)
-                            break
-                    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                        continue
+        for schedule_id in sorted(self.cancel_unknown):
+            status = await self._status(schedule_id)
+            if status is not None:
+                self.cancel_unknown.discard(schedule_id)
+            if status == "CANCELLED":
+                self.cancelled.add(schedule_id)
+
+    async def _status(self, schedule_id: str) -> str | None:
+        """A schedule's status from the first running node that knows it."""
+        for name in self._running():
+            url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
+            try:
+                body = await asyncio.to_thread(get_json, url)
+            except (OSError, ValueError):  # down, or not JSON
+                continue
+            if isinstance(body, dict) and "status" in body:
+                return str(body["status"])
+        return None
 
     async def _load(self, session: aiohttp.ClientSession) -> None:
         total = int(self.scenario.rate * self.scenario.duration)

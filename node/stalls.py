@@ -62,11 +62,9 @@ class StallMeter:
         """Seconds since ``since`` (monotonic) during which the process stood
         still, including a stall the timer has not yet seen end."""
         now = self.monotonic()
-        total = sum(max(0.0, ended - max(began, since)) for began, ended in self._stalls)
         ongoing = self._frozen(now)
-        if ongoing:
-            total += max(0.0, now - max(now - ongoing, since))
-        return min(total, max(0.0, now - since))
+        stalls = [*self._stalls, (now - ongoing, now)] if ongoing else self._stalls
+        return sum(max(0.0, ended - max(began, since)) for began, ended in stalls)
 
     def _frozen(self, now: float) -> float:
         """How much of the time since the last tick is a stall, if it is one."""
