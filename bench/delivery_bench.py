@@ -51,8 +51,8 @@ from bench.stack import (
 )
 from bench.systems import BASELINES, Scheduler, System
 from bench.workloads import Workload, judge, ratio
-from node.history import Attempt, HistoryStore
-from node.store import ScheduleStore
+from node.store.history import Attempt, HistoryStore
+from node.store.schedules import ScheduleStore
 
 # How many schedules a second the embedded store takes in, to time the load
 # before T0; corrected after every load.

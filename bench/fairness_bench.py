@@ -29,9 +29,9 @@ from bench.stack import (
     iso,
     summary,
 )
-from node.schedules import Limits, parse_schedule_object
-from node.store import ScheduleStore
-from node.tenants import Tenant, TenantStore
+from node.schedule.model import Limits, parse_schedule_object
+from node.store.schedules import ScheduleStore
+from node.tenants.model import Tenant, TenantStore
 
 LIMITS = Limits(max_payload_bytes=1 << 20, horizon=timedelta(days=400))
 

@@ -25,10 +25,10 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from chaos.stats import percentile
-from node import embedded
-from node.schedules import Limits, parse_new_schedule
-from node.tail import topic_consumer
-from node.times import parse_time
+from node.ops import embedded
+from node.ops.tail import topic_consumer
+from node.schedule.model import Limits, parse_new_schedule
+from node.schedule.times import parse_time
 
 HOST = "127.0.0.1"
 BUCKETS = 256

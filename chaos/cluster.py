@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from chaos import objectstore
 from chaos.network import NODE_GOSSIP_PORT, NODE_HTTP_PORT, Namespaces
-from node import embedded
+from node.ops import embedded
 
 HOST = "127.0.0.1"
 

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from chaos.checker import occurrence
-from node.tail import topic_consumer
+from node.ops.tail import topic_consumer
 
 
 def iso(when: datetime) -> str:

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from node.embedded import pid_alive
+from node.ops.embedded import pid_alive
 
 PREFIX = "chaos"
 NODE_HTTP_PORT = 8080  # each node has its own namespace, so all use the same ports

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from node import embedded
+from node.ops import embedded
 
 BUCKET = "tansu"
 STORAGE_URL = f"s3://{BUCKET}/"

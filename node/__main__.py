@@ -1,3 +1,3 @@
-from node.cli import main
+from node.ops.cli import main
 
 raise SystemExit(main())

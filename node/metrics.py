@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 
 from membership.messages import State
 from membership.service import Membership
-from node.leases import LeaseManager
-from node.stalls import StallMeter
+from node.delivery.leases import LeaseManager
+from node.delivery.stalls import StallMeter
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -18,9 +18,9 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from node import config as node_config
-from node import embedded
-from node.service import Node
-from node.tail import topic_consumer
+from node.ops import embedded
+from node.ops.tail import topic_consumer
+from node.process import Node
 
 HOST = "127.0.0.1"
 _names = itertools.count()

@@ -8,8 +8,8 @@ import io
 import json
 from typing import Any
 
-from node.cli import build_parser
-from node.ctl import run
+from node.ops.cli import build_parser
+from node.ops.ctl import run
 from tests.conftest import NodeFactory, NodeHandle, wait_until
 from tests.test_ownership import cluster
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from node import embedded
-from node.publisher import KafkaPublisher, Record
-from node.service import Node
+from node.delivery.publisher import KafkaPublisher, Record
+from node.ops import embedded
+from node.process import Node
 from tests.conftest import (
     EmbeddedServers,
     NodeFactory,

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from node import config as node_config
-from node.api import build_app
-from node.service import Node
+from node.api.app import build_app
+from node.process import Node
 from tests.conftest import NodeFactory
 
 DOCKER = Path(__file__).parent.parent / "docker"

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from node import embedded
-from node.devstack import DevOptions, DevStack
+from node.ops import embedded
+from node.ops.devstack import DevOptions, DevStack
 from ring import bucket_for
 from tests.conftest import TopicReader, wait_until
 

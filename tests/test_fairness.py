@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from node.fairness import fair_share
-from node.schedules import Limits, parse_schedule_object
-from node.store import ScheduleStore
-from node.tenants import Tenant, TenantStore
+from node.delivery.fairness import fair_share
+from node.schedule.model import Limits, parse_schedule_object
+from node.store.schedules import ScheduleStore
+from node.tenants.model import Tenant, TenantStore
 from tests.conftest import NodeFactory, wait_until
 from tests.test_recurring import stamp
 

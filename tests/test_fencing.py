@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.leases import LeaseManager
+from node.delivery.leases import LeaseManager
+from node.delivery.poller import BucketPoller
+from node.delivery.publisher import KafkaPublisher, Record
 from node.metrics import NodeMetrics
-from node.poller import BucketPoller
-from node.publisher import KafkaPublisher, Record
-from node.retry import RetryPolicy
-from node.schedules import Limits, parse_new_schedule
-from node.store import ScheduleStore
+from node.schedule.model import Limits, parse_new_schedule
+from node.schedule.retry import RetryPolicy
+from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pymongo.errors import DuplicateKeyError
 
-from node.group_insert import GroupInserter
+from node.store.group_insert import GroupInserter
 from tests.conftest import NodeFactory, NodeHandle
 from tests.test_api import schedule
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pymongo.errors import OperationFailure
 
-from node.service import Node
+from node.process import Node
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config, wait_until
 from tests.test_delivery import FailingPublisher
 from tests.test_recurring import stamp

@@ -7,10 +7,10 @@ from typing import Any
 
 from pymongo.errors import AutoReconnect
 
-from node.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
-from node.schedules import Limits, parse_new_schedule
-from node.stalls import StallMeter
-from node.store import ScheduleStore
+from node.delivery.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
+from node.delivery.stalls import StallMeter
+from node.schedule.model import Limits, parse_new_schedule
+from node.store.schedules import ScheduleStore
 from tests.conftest import wait_until
 
 BUCKETS = 8

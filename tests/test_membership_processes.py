@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench.membership_bench import RealCluster
-from node import embedded
+from node.ops import embedded
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from membership.config import FAST
 from membership.messages import Event, EventKind, State
 from membership.service import Membership, resolve_seeds
-from node.embedded import port_taken
+from node.ops.embedded import port_taken
 from tests.conftest import wait_until
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from openapi_spec_validator import validate
 
 from node import config as node_config
-from node.api import build_app
-from node.openapi import ERROR_CODES, document
-from node.service import Node
+from node.api.app import build_app
+from node.api.openapi import ERROR_CODES, document
+from node.process import Node
 from tests.conftest import NodeFactory
 
 NODE_SOURCE = Path(__file__).parent.parent / "node"
@@ -45,7 +45,7 @@ def test_every_route_is_documented_and_every_documented_route_exists() -> None:
 
 
 def test_every_error_code_in_the_code_is_documented_and_none_is_stale() -> None:
-    source = "\n".join(p.read_text() for p in NODE_SOURCE.glob("*.py") if p.name != "openapi.py")
+    source = "\n".join(p.read_text() for p in NODE_SOURCE.rglob("*.py") if p.name != "openapi.py")
     used = set(re.findall(r'ApiError\(\s*\d{3},\s*"([a-z_]+)"', source))
     used |= set(re.findall(r'\d{3}: "([a-z_]+)"', source))  # aiohttp's refusals
     used |= set(re.findall(r'"code": "([a-z_]+)"', source))

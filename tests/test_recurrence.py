@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from node.errors import ValidationFailed
-from node.recurrence import (
+from node.schedule.recurrence import (
     SKIPPED_COUNT_CAP,
     Advance,
     Misfire,

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from node.service import Node
+from node.process import Node
 from tests.conftest import (
     EmbeddedServers,
     NodeFactory,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from node.errors import ValidationFailed
-from node.schedules import Limits, Status, parse_new_schedule, public_view
+from node.schedule.model import Limits, Status, parse_new_schedule, public_view
 from ring import bucket_for
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)

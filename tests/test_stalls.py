@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from node.stalls import StallMeter
+from node.delivery.stalls import StallMeter
 
 
 class Clock:

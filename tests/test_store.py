@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from node.errors import BucketCountMismatch
-from node.service import Node
-from node.store import ScheduleStore
+from node.process import Node
+from node.store.schedules import ScheduleStore
 from ring import bucket_for
 from tests.conftest import EmbeddedServers, make_config
 

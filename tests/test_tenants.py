@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from node.quotas import PendingQuota, RateLimiter, TokenBucket
-from node.tenants import Tenant, TenantStore, key_digest
+from node.tenants.model import Tenant, TenantStore, key_digest
+from node.tenants.quotas import PendingQuota, RateLimiter, TokenBucket
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
 
 FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")

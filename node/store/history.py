@@ -26,7 +26,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from node.metrics import NodeMetrics
-from node.times import format_time
+from node.schedule.times import format_time
 
 log = structlog.get_logger("node.history")
 

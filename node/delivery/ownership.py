@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 import structlog
 from pymongo.errors import PyMongoError
 
-from node.leases import LeaseManager
+from node.delivery.leases import LeaseManager
+from node.delivery.poller import BucketPoller
 from node.metrics import NodeMetrics
-from node.poller import BucketPoller
 from ring import PLACEMENT_VERSION, in_use, owned_by, place
 
 log = structlog.get_logger("node.ownership")

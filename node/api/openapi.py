@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.auth import ADMIN_PREFIXES, OPEN_ROUTES
+from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which

@@ -12,9 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from node.errors import ApiError
-from node.quotas import PendingQuota, RateLimiter
-from node.schedules import NewSchedule
-from node.tenants import TenantDirectory
+from node.schedule.model import NewSchedule
+from node.tenants.model import TenantDirectory
+from node.tenants.quotas import PendingQuota, RateLimiter
 
 # A tenant this node accepted work for is served fairly for this long after,
 # registered or not (with auth off, tenants need no record).

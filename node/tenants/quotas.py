@@ -21,7 +21,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from node.tenants import Tenant
+from node.tenants.model import Tenant
 
 PENDING_REFRESH_SECONDS = 1.0
 

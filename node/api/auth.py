@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from node.errors import ApiError
-from node.tenants import DEFAULT_TENANT, TenantDirectory
+from node.tenants.model import DEFAULT_TENANT, TenantDirectory
 
 OPEN_ROUTES = frozenset(
     {"/", "/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/internal/wake"}

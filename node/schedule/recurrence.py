@@ -44,7 +44,7 @@ from zoneinfo import ZoneInfo, available_timezones
 from cronsim import CronSim, CronSimError
 
 from node.errors import ValidationFailed
-from node.times import format_time, parse_time
+from node.schedule.times import format_time, parse_time
 
 DEFAULT_TIME_ZONE = "UTC"
 DEFAULT_MAX_CATCH_UP = 10

@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--count", type=int, default=None, help="exit after this many records")
     tail.add_argument("--idle-timeout", type=float, default=None, help="exit after idle seconds")
 
-    from node import ctl, tenant_cli
+    from node.ops import ctl, tenants_cli
 
-    tenant_cli.add_arguments(
+    tenants_cli.add_arguments(
         commands.add_parser(
             "tenants",
             help="manage tenants and API keys (in the database)",
@@ -84,11 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except node_config.ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2
-        from node.service import serve
+        from node.process import serve
 
         return asyncio.run(serve(config))
     if args.command == "dev":
-        from node.devstack import DevOptions, run_dev
+        from node.ops.devstack import DevOptions, run_dev
 
         return run_dev(
             DevOptions(
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if args.command == "tail":
-        from node.tail import tail
+        from node.ops.tail import tail
 
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(
@@ -115,11 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return 130
     if args.command == "tenants":
-        from node import tenant_cli
+        from node.ops import tenants_cli
 
-        return tenant_cli.run(args)
+        return tenants_cli.run(args)
     if args.command == "ctl":
-        from node import ctl
+        from node.ops import ctl
 
         return ctl.run(args)
     raise AssertionError(args.command)

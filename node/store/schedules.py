@@ -27,13 +27,13 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
+from node.delivery.fairness import fair_share
 from node.errors import ApiError, BucketCountMismatch
-from node.fairness import fair_share
-from node.group_insert import GroupInserter
-from node.recurrence import Recurrence
-from node.retry import RetryPolicy, policy_of
-from node.schedules import RECENT_OCCURRENCES, NewSchedule, Status, public_id
-from node.times import aware
+from node.schedule.model import RECENT_OCCURRENCES, NewSchedule, Status, public_id
+from node.schedule.recurrence import Recurrence
+from node.schedule.retry import RetryPolicy, policy_of
+from node.schedule.times import aware
+from node.store.group_insert import GroupInserter
 
 FORMAT_VERSION = 1
 # Journaled on a majority: an acknowledged write survives a crash of the

@@ -16,7 +16,7 @@ import aiohttp
 import structlog
 
 from node.metrics import NodeMetrics
-from node.times import format_time
+from node.schedule.times import format_time
 
 log = structlog.get_logger("node.hints")
 

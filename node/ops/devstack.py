@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from node import embedded
+from node.ops import embedded
 
 READY_TIMEOUT = 90.0
 # Shown with a child's early exit, so the cause is on the screen, not only in its log.

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from node.errors import ValidationFailed
-from node.recurrence import format_duration, parse_duration
+from node.schedule.recurrence import format_duration, parse_duration
 
 MAX_ATTEMPTS_LIMIT = 100
 MAX_BACKOFF_LIMIT = timedelta(days=1)

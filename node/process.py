@@ -27,22 +27,22 @@ from membership.messages import Event as MembershipEvent
 from membership.messages import State
 from membership.service import Membership
 from node import logs
-from node.admission import Admission
-from node.api import build_app
+from node.api.app import build_app
 from node.config import NodeConfig
+from node.delivery.hints import WakeHints
+from node.delivery.leases import LeaseManager
+from node.delivery.ownership import Ownership
+from node.delivery.poller import BucketPoller
+from node.delivery.publisher import KafkaPublisher
+from node.delivery.stalls import StallMeter
 from node.errors import BucketCountMismatch
-from node.hints import WakeHints
-from node.history import HistoryStore, HistoryWriter
-from node.leases import LeaseManager
 from node.metrics import NodeMetrics
-from node.ownership import Ownership
-from node.poller import BucketPoller
-from node.publisher import KafkaPublisher
-from node.quotas import PendingQuota
-from node.retry import RetryPolicy
-from node.stalls import StallMeter
-from node.store import DURABLE, ScheduleStore, utcnow
-from node.tenants import DEFAULT_TENANT, TenantDirectory, TenantStore
+from node.schedule.retry import RetryPolicy
+from node.store.history import HistoryStore, HistoryWriter
+from node.store.schedules import DURABLE, ScheduleStore, utcnow
+from node.tenants.admission import Admission
+from node.tenants.model import DEFAULT_TENANT, TenantDirectory, TenantStore
+from node.tenants.quotas import PendingQuota
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.service")

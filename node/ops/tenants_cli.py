@@ -18,8 +18,8 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from node import config as node_config
-from node.tenants import Tenant, TenantError, TenantStore, validate_name
-from node.tenants import unlimited as tenant_defaults
+from node.tenants.model import Tenant, TenantError, TenantStore, validate_name
+from node.tenants.model import unlimited as tenant_defaults
 
 MONGO_SETTINGS = [s for s in node_config.SETTINGS if s.attr in {"mongo_uri", "mongo_database"}]
 

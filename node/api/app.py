@@ -18,11 +18,10 @@ import structlog
 from aiohttp import web
 from pymongo.errors import PyMongoError
 
-from node.auth import CALLER, Caller, identify
+from node.api.auth import CALLER, Caller, identify
+from node.api.openapi import document as openapi_document
 from node.errors import ApiError, ValidationFailed
-from node.history import public_record
-from node.openapi import document as openapi_document
-from node.schedules import (
+from node.schedule.model import (
     Limits,
     NewSchedule,
     Status,
@@ -34,11 +33,12 @@ from node.schedules import (
     storage_id,
     validate_tenant,
 )
-from node.store import utcnow
-from node.times import parse_time
+from node.schedule.times import parse_time
+from node.store.history import public_record
+from node.store.schedules import utcnow
 
 if TYPE_CHECKING:
-    from node.service import Node
+    from node.process import Node
 
 log = structlog.get_logger("node.api")
 
@@ -50,7 +50,7 @@ BODY_OVERHEAD = 64 * 1024
 MAX_BATCH = 1000
 BATCH_BODY_LIMIT = 16 * 1024 * 1024
 OPENAPI = openapi_document()
-CLUSTER_PAGE = (resources.files("node") / "static" / "cluster.html").read_text(encoding="utf-8")
+CLUSTER_PAGE = (resources.files("node.api") / "static" / "cluster.html").read_text(encoding="utf-8")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -37,15 +37,15 @@ from typing import Any
 import structlog
 from pymongo.errors import PyMongoError
 
-from node.fairness import fair_share
-from node.history import Attempt, HistoryWriter
-from node.leases import LeaseManager
+from node.delivery.fairness import fair_share
+from node.delivery.leases import LeaseManager
+from node.delivery.publisher import KafkaPublisher, Record, build_record
 from node.metrics import NodeMetrics
-from node.publisher import KafkaPublisher, Record, build_record
-from node.recurrence import Recurrence
-from node.retry import RetryPolicy, policy_of
-from node.store import Claimed, Failure, ScheduleStore, utcnow
-from node.times import aware
+from node.schedule.recurrence import Recurrence
+from node.schedule.retry import RetryPolicy, policy_of
+from node.schedule.times import aware
+from node.store.history import Attempt, HistoryWriter
+from node.store.schedules import Claimed, Failure, ScheduleStore, utcnow
 
 log = structlog.get_logger("node.poller")
 

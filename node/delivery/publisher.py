@@ -17,8 +17,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from node.schedules import public_id
-from node.times import format_time
+from node.schedule.model import public_id
+from node.schedule.times import format_time
 
 
 @dataclass(frozen=True)

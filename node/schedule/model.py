@@ -21,10 +21,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import ValidationFailed
-from node.recurrence import Recurrence, parse_recurrence
-from node.retry import DEFAULT_POLICY, RetryPolicy, parse_retry
-from node.tenants import DEFAULT_TENANT, TENANT_NAME
-from node.times import format_time, parse_time
+from node.schedule.recurrence import Recurrence, parse_recurrence
+from node.schedule.retry import DEFAULT_POLICY, RetryPolicy, parse_retry
+from node.schedule.times import format_time, parse_time
+from node.tenants.model import DEFAULT_TENANT, TENANT_NAME
 from ring import bucket_for
 
 

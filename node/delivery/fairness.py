@@ -15,7 +15,7 @@ from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
 
-from node.times import aware
+from node.schedule.times import aware
 
 
 def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
