@@ -40,8 +40,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pymongo import ASCENDING, AsyncMongoClient, ReturnDocument
 
-from node.delivery.publisher import Record, build_record
 from node.schedule.model import Status
+from node.schedule.record import Record, build_record
 
 IDLE_SLEEP = 1.0  # the findOneAndUpdate poller's sleep when nothing is due
 FETCH_THREADS = 10  # db-scheduler's default executor threads

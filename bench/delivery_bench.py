@@ -51,12 +51,16 @@ from bench.stack import (
 )
 from bench.systems import BASELINES, Scheduler, System
 from bench.workloads import Workload, judge, ratio
+from node.delivery.outcomes import Rules
+from node.schedule.retry import DEFAULT_POLICY
 from node.store.history import Attempt, HistoryStore
 from node.store.schedules import ScheduleStore
 
 # How many schedules a second the embedded store takes in, to time the load
 # before T0; corrected after every load.
 FIRST_LOAD_RATE = 1500.0
+# What the store-limit run writes for a delivered schedule (the node's rules).
+DELIVERED = Rules(DEFAULT_POLICY, timedelta(seconds=60))
 # The scheduler's longest wait after the last due time of a spread or steady load.
 STEADY_TAIL = 60.0
 # Store counters and CPU times are read this long before T0 and after the
@@ -284,7 +288,7 @@ async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, 
             seconds["claim"] += time.perf_counter() - t
             t = time.perf_counter()
             now = datetime.now(UTC)
-            done += await store.mark_delivered(claimed, now)
+            done += await store.complete([DELIVERED.delivered(c, now) for c in claimed])
             seconds["mark_delivered"] += time.perf_counter() - t
             if history:
                 t = time.perf_counter()

@@ -29,9 +29,12 @@ from bench.stack import (
     iso,
     summary,
 )
-from node.schedule.model import Limits, parse_schedule_object
+from node.schedule.model import Limits
+from node.schedule.parse import parse_schedule_object
+from node.store.documents import schedule_document
 from node.store.schedules import ScheduleStore
-from node.tenants.model import Tenant, TenantStore
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant
 
 LIMITS = Limits(max_payload_bytes=1 << 20, horizon=timedelta(days=400))
 
@@ -60,7 +63,7 @@ def schedules(
             "payload": {"n": i},
         }
         new = parse_schedule_object(body, LIMITS, now, lambda _: tenant)
-        docs.append(new.to_document(BUCKETS, now))
+        docs.append(schedule_document(new, BUCKETS, now))
     return docs
 
 

@@ -27,8 +27,10 @@ from pymongo import AsyncMongoClient
 from chaos.stats import percentile
 from node.ops import embedded
 from node.ops.tail import topic_consumer
-from node.schedule.model import Limits, parse_new_schedule
+from node.schedule.model import Limits
+from node.schedule.parse import parse_new_schedule
 from node.schedule.times import parse_time
+from node.store.documents import schedule_document
 
 HOST = "127.0.0.1"
 BUCKETS = 256
@@ -119,7 +121,7 @@ def documents(
                 "tenant": tenant,
             }
         ).encode()
-        docs.append(parse_new_schedule(body, LIMITS, now).to_document(BUCKETS, now))
+        docs.append(schedule_document(parse_new_schedule(body, LIMITS, now), BUCKETS, now))
     return docs
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from node.schedule.model import is_topic
 from ring import MAX_BUCKETS
 
 
@@ -69,7 +70,6 @@ def _parse_seeds(text: str) -> tuple[str, ...]:
 
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def _parse_node_id(text: str) -> str:
@@ -94,7 +94,7 @@ def _parse_bootstrap(text: str) -> tuple[str, ...]:
 
 
 def _parse_optional_topic(text: str) -> str:
-    if text and (not _TOPIC.match(text) or text in {".", ".."}):
+    if text and not is_topic(text):
         raise ValueError(f"must be a Kafka topic name or empty, got {text!r}")
     return text
 

@@ -1,48 +1,145 @@
-"""The node's error hierarchy. Errors carry behaviour (is it the caller's
-fault, is it worth retrying), in the spirit of aiokafka's ``retriable``.
+"""The node's error hierarchy.
+
+Errors carry behaviour, not transport: each says what went wrong (``code``),
+what an HTTP edge would answer (``status_hint``, as h11's
+``error_status_hint``) and whether trying again can help (``retriable``, as
+aiokafka's errors do). Only ``node/api/app.py`` turns them into HTTP
+responses; the store, the tenants and delivery never speak HTTP.
+
+Each class states all three in its header::
+
+    class RateLimited(SchedulerError, code="rate_limited", status_hint=429, retriable=True):
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class SchedulerError(Exception):
-    """Base of every error the node raises on purpose."""
+    """Base of every error the node raises on purpose. Abstract: raise a subclass."""
 
-    retriable = False
+    code: ClassVar[str] = "internal"
+    # What an HTTP edge answers; None: never meant to reach a caller (a 500 if it does).
+    status_hint: ClassVar[int | None] = None
+    retriable: ClassVar[bool] = False
 
-
-class ApiError(SchedulerError):
-    """The caller's request cannot be served; rendered as the DESIGN.md error shape."""
+    def __init_subclass__(
+        cls,
+        *,
+        code: str | None = None,
+        status_hint: int | None = None,
+        retriable: bool | None = None,
+        **kwargs: object,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if status_hint is not None:
+            cls.status_hint = status_hint
+        if retriable is not None:
+            cls.retriable = retriable
 
     def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        field: str | None = None,
-        *,
-        headers: dict[str, str] | None = None,
+        self, message: str, field: str | None = None, *, retry_after: float | None = None
     ) -> None:
+        if type(self) is SchedulerError:
+            raise TypeError("SchedulerError is abstract: raise one of its subclasses")
         super().__init__(message)
-        self.status = status
-        self.code = code
         self.message = message
+        # The request field at fault, when one is.
         self.field = field
-        # HTTP headers the answer carries (Retry-After on a 429, WWW-Authenticate on a 401).
-        self.headers = headers or {}
+        # Seconds after which a retry may succeed (a hint, for Retry-After).
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def status(self) -> int:
+        """The status hint, 500 for an error never meant to reach a caller."""
+        return self.status_hint or 500
 
     def body(self) -> dict[str, object]:
+        """The error as DESIGN.md's error shape."""
         error: dict[str, object] = {"code": self.code, "message": self.message}
         if self.field is not None:
             error["field"] = self.field
         return {"error": error}
 
 
-class ValidationFailed(ApiError):
-    def __init__(self, message: str, field: str | None = None, *, status: int = 400) -> None:
-        code = "payload_too_large" if status == 413 else "invalid_request"
-        super().__init__(status, code, message, field)
+# -- the caller's fault: nothing was changed -------------------------------------
 
 
-class BucketCountMismatch(SchedulerError):
+class ValidationFailed(SchedulerError, code="invalid_request", status_hint=400):
+    """A request (or part of one) is malformed; ``field`` names the part."""
+
+
+class PayloadTooLarge(ValidationFailed, code="payload_too_large", status_hint=413):
+    """A payload or a whole body over its limit."""
+
+
+class Unauthorized(SchedulerError, code="unauthorized", status_hint=401):
+    """No API key, or an unknown or revoked one."""
+
+
+class Forbidden(SchedulerError, code="forbidden", status_hint=403):
+    """The key may not act for that tenant, or the route needs an admin's key."""
+
+
+class ScheduleNotFound(SchedulerError, LookupError, code="not_found", status_hint=404):
+    """No such schedule in the caller's tenant (another tenant's is not found either)."""
+
+
+class ScheduleConflict(SchedulerError, code="conflict", status_hint=409):
+    """The request contradicts what is stored (the same id with another body)
+    or the state its target is in."""
+
+
+class NotCancellable(SchedulerError, code="not_cancellable", status_hint=409):
+    """Delivered, failed, or in flight: too late to cancel (``retry_after`` set
+    when waiting can help: an occurrence of a recurring schedule in flight)."""
+
+
+class TopicNotAllowed(SchedulerError, code="topic_not_allowed", status_hint=403):
+    """The topic is outside the tenant's allowed prefixes."""
+
+
+class RateLimited(SchedulerError, code="rate_limited", status_hint=429, retriable=True):
+    """Over the tenant's rate; ``retry_after`` says when a token is due."""
+
+
+class QuotaExceeded(SchedulerError, code="quota_exceeded", status_hint=429, retriable=True):
+    """The tenant has its maximum of PENDING schedules."""
+
+
+# -- the environment's fault ------------------------------------------------------
+
+
+class StoreUnavailable(SchedulerError, code="store_unavailable", status_hint=503, retriable=True):
+    """MongoDB did not answer (or refused for a reason of its own): the
+    operation's outcome is unknown. Retriable: the store comes back."""
+
+    def __str__(self) -> str:
+        # The caller sees the message; logs see the driver's error too.
+        cause = self.__cause__
+        return f"{self.message} ({type(cause).__name__}: {cause})" if cause else self.message
+
+
+class BrokerUnavailable(SchedulerError, code="broker_unavailable", retriable=True):
+    """Kafka could not be reached."""
+
+
+# -- refusing to start ------------------------------------------------------------
+
+
+class BucketCountMismatch(SchedulerError, code="bucket_count_mismatch"):
     """The database was created with another bucket count; refusing to start."""
+
+
+class FormatTooNew(BucketCountMismatch, code="format_too_new"):
+    """The database was written by a newer release; refusing to start."""
+
+
+class TenantError(SchedulerError, code="tenant_error"):
+    """A tenant command cannot be carried out; the message says why."""

@@ -1,10 +1,14 @@
 """Prometheus metrics of one node (units in names, counters end in _total).
 
 Each node owns its registry, so several nodes in one process (tests) never
-share counters.
+share counters. The collectors read the parts they report on at scrape time
+through small Protocols, so this module depends on none of those parts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,10 +22,45 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from membership.messages import State
-from membership.service import Membership
-from node.delivery.leases import LeaseManager
-from node.delivery.stalls import StallMeter
+from membership.messages import MemberView, State
+
+
+class HasToken(Protocol):
+    @property
+    def token(self) -> int: ...
+
+
+class LeaseBook(Protocol):
+    """The leases this node holds (node/delivery/leases.py)."""
+
+    @property
+    def held(self) -> Mapping[int, HasToken]: ...
+
+    @property
+    def term(self) -> float: ...
+
+
+class StallCounts(Protocol):
+    """How long the process stood still (node/delivery/stalls.py)."""
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+
+class GossipView(Protocol):
+    """The gossip layer (membership.service.Membership)."""
+
+    def members(self) -> Sequence[MemberView]: ...
+
+    @property
+    def swim(self) -> Any: ...
+
+    @property
+    def transport(self) -> Any: ...
+
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -124,13 +163,13 @@ class NodeMetrics:
             registry=r,
         )
 
-    def watch_membership(self, membership: Membership) -> None:
+    def watch_membership(self, membership: GossipView) -> None:
         self.registry.register(MembershipCollector(membership))
 
-    def watch_leases(self, leases: LeaseManager) -> None:
+    def watch_leases(self, leases: LeaseBook) -> None:
         self.registry.register(LeaseCollector(leases))
 
-    def watch_stalls(self, stalls: StallMeter) -> None:
+    def watch_stalls(self, stalls: StallCounts) -> None:
         self.registry.register(StallCollector(stalls))
 
     def render(self) -> bytes:
@@ -142,7 +181,7 @@ class LeaseCollector(Collector):
     the cluster by bucket, it shows each bucket's owner count (1, or 2 for a
     moment during a hand-over); by instance, what each node holds."""
 
-    def __init__(self, leases: LeaseManager) -> None:
+    def __init__(self, leases: LeaseBook) -> None:
         self.leases = leases
 
     def collect(self):  # type: ignore[no-untyped-def]
@@ -166,7 +205,7 @@ class StallCollector(Collector):
     """Times the node's process stood still: a pause longer than the lease
     TTL costs the node its leases, and a gossip pause can get it declared dead."""
 
-    def __init__(self, stalls: StallMeter) -> None:
+    def __init__(self, stalls: StallCounts) -> None:
         self.stalls = stalls
 
     def collect(self):  # type: ignore[no-untyped-def]
@@ -186,7 +225,7 @@ class StallCollector(Collector):
 class MembershipCollector(Collector):
     """Reads the gossip layer's counters at scrape time (no bookkeeping twice)."""
 
-    def __init__(self, membership: Membership) -> None:
+    def __init__(self, membership: GossipView) -> None:
         self.membership = membership
 
     def collect(self):  # type: ignore[no-untyped-def]

@@ -1,64 +1,96 @@
-"""The node process: wires the store, the leases, the poller, the publisher
-and the HTTP API together, and starts and stops them in order.
+"""The node process: builds every part from ``NodeConfig``, wires them
+together, and starts and stops them in order.
 
-Start: store (pin B, indexes) -> broker -> HTTP -> leases and poller.
+Start: store (pin B, indexes) -> broker -> HTTP -> gossip -> leases and poller.
 Stop (graceful leave): HTTP stops taking calls -> the poller finishes its
 batch -> leases are released so the next owner need not wait for expiry ->
-producer and client close.
+the cluster hears we left -> producer and client close.
+
+The lifecycle is a table (``TRANSITIONS``), as h11 keeps its states: an event
+that is not in the table for the current phase is a bug and raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import signal
-import time
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import structlog
 from aiohttp import web
-from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
 
 from membership.config import preset
 from membership.messages import Event as MembershipEvent
-from membership.messages import State
+from membership.messages import MemberView, State
 from membership.service import Membership
 from node import logs
 from node.api.app import build_app
 from node.config import NodeConfig
-from node.delivery.hints import WakeHints
+from node.delivery.hints import WakeHints, WakeRouter
+from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
+from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
 from node.delivery.publisher import KafkaPublisher
 from node.delivery.stalls import StallMeter
-from node.errors import BucketCountMismatch
+from node.errors import BucketCountMismatch, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
+from node.schedule.model import DEFAULT_TENANT, Limits
 from node.schedule.retry import RetryPolicy
-from node.store.history import HistoryStore, HistoryWriter
-from node.store.schedules import DURABLE, ScheduleStore, utcnow
+from node.schedule.times import utcnow
+from node.store.boundary import DURABLE
+from node.store.history import HistoryStore
+from node.store.leases import LeaseStore
+from node.store.schedules import ScheduleStore
+from node.store.tenants import TenantStore
 from node.tenants.admission import Admission
-from node.tenants.model import DEFAULT_TENANT, TenantDirectory, TenantStore
+from node.tenants.directory import TenantDirectory
 from node.tenants.quotas import PendingQuota
 from ring import PLACEMENT_VERSION, parse_version
 
-log = structlog.get_logger("node.service")
+log = structlog.get_logger("node.process")
 
 STARTUP_RETRY_MAX = 5.0  # seconds between attempts to reach the store or broker
 READINESS_TIMEOUT = 1.0
 STOP_GRACE = 10.0
-LEAVE_GRACE = 2.0
-BACKLOG_CACHE_SECONDS = 1.0  # at most this long to get our Left out before shutting down
+LEAVE_GRACE = 2.0  # at most this long to get our Left out before shutting down
+
+
+class Phase(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"  # waiting for the store and the broker
+    RUNNING = "running"  # serving, gossiping, holding leases, delivering
+    DRAINING = "draining"  # handing every lease over (the API still answers)
+    DRAINED = "drained"  # out of the cluster, no leases; the API still answers
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# phase -> event -> next phase. Anything else is a bug.
+TRANSITIONS: dict[Phase, dict[str, Phase]] = {
+    Phase.CREATED: {"start": Phase.STARTING, "stop": Phase.STOPPING},
+    Phase.STARTING: {"started": Phase.RUNNING, "stop": Phase.STOPPING},
+    Phase.RUNNING: {"drain": Phase.DRAINING, "stop": Phase.STOPPING},
+    Phase.DRAINING: {"drained": Phase.DRAINED, "stop": Phase.STOPPING},
+    Phase.DRAINED: {"stop": Phase.STOPPING},
+    Phase.STOPPING: {"stopped": Phase.STOPPED},
+    Phase.STOPPED: {},
+}
 
 
 class Node:
+    """One scheduler node. Satisfies ``node.api.context.ApiContext``."""
+
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        self.phase = Phase.CREATED
         self.metrics = NodeMetrics()
-        self._backlog: tuple[float, dict[str, Any]] | None = None
         self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             config.mongo_uri,
             tz_aware=True,
@@ -67,19 +99,26 @@ class Node:
         )
         database = self.client[config.mongo_database]
         unfenced = config.chaos_mode == "unfenced"
-        self.store = ScheduleStore(
-            database,
-            config.buckets,
-            unfenced=unfenced,
-            misfire_threshold=timedelta(seconds=config.misfire_threshold),
+        retry = RetryPolicy(
+            max_attempts=config.max_attempts,
+            backoff=timedelta(seconds=config.retry_backoff),
+            backoff_max=timedelta(seconds=config.retry_backoff_max),
         )
+        self.limits = Limits(
+            max_payload_bytes=config.max_payload_bytes,
+            horizon=timedelta(seconds=config.horizon),
+            retry=retry,
+        )
+        self.store = ScheduleStore(database, config.buckets, unfenced=unfenced)
         self.stalls = StallMeter()
         self.metrics.watch_stalls(self.stalls)
         # A lease write lost in a database crash could move a token backwards
         # and undo the fence: leases are written as durably as schedules.
+        self.lease_store = LeaseStore(
+            database["buckets"].with_options(write_concern=DURABLE), config.node_id
+        )
         self.leases = LeaseManager(
-            database["buckets"].with_options(write_concern=DURABLE),
-            config.node_id,
+            self.lease_store,
             config.lease_ttl,
             stalled_since=self.stalls.stalled_since,
             unfenced=unfenced,
@@ -110,11 +149,7 @@ class Node:
             batch_size=config.batch_size,
             poll_interval=config.poll_interval,
             batch_linger=config.batch_linger,
-            retry_policy=RetryPolicy(
-                max_attempts=config.max_attempts,
-                backoff=timedelta(seconds=config.retry_backoff),
-                backoff_max=timedelta(seconds=config.retry_backoff_max),
-            ),
+            rules=Rules(retry, timedelta(seconds=config.misfire_threshold)),
             dead_letter_topic=config.dead_letter_topic,
             history=self.history_writer,
             tenant_names=self._tenant_names if config.fair_tenants else None,
@@ -130,18 +165,36 @@ class Node:
             joined=lambda: self.membership is not None and self.membership.joined,
         )
         self.hints = WakeHints(config.node_id, self.metrics)
-        self.state = "created"
+        self.wakes = WakeRouter(
+            config.node_id,
+            poller=self.poller,
+            hints=self.hints,
+            usable=self.leases.usable,
+            owner_of=self.ownership.owner_of,
+            address_of=self._http_address_of,
+            poll_interval=config.poll_interval,
+        )
         self.http_port: int | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> str:
+        return self.phase.value
+
+    def _move(self, event: str) -> None:
+        following = TRANSITIONS[self.phase].get(event)
+        if following is None:
+            raise RuntimeError(f"cannot {event} a node that is {self.phase.value}")
+        self.phase = following
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self, stopping: asyncio.Event | None = None) -> bool:
         """Start everything; returns False if ``stopping`` was set while waiting
         for the store or broker. Raises BucketCountMismatch (fatal)."""
-        self.state = "starting"
+        self._move("start")
         self._stall_task = asyncio.create_task(self.stalls.run(), name="stalls")
         stopping = stopping or asyncio.Event()
         if not await self._retry_until_ready("store", self._prepare_store, stopping):
@@ -161,7 +214,7 @@ class Node:
             asyncio.create_task(self.ownership.run(), name="ownership"),
             asyncio.create_task(self.poller.run(), name="poller"),
         ]
-        self.state = "running"
+        self._move("started")
         log.info(
             "node started",
             http=f"{host}:{self.http_port}",
@@ -205,6 +258,9 @@ class Node:
         registered = await self.directory.names()
         return sorted({DEFAULT_TENANT, *registered, *self.admission.tenants_seen()})
 
+    def members(self) -> list[MemberView]:
+        return self.membership.members() if self.membership is not None else []
+
     def _alive_members(self) -> dict[str, int]:
         """Alive member -> the placement version it advertises."""
         if self.membership is None:
@@ -214,6 +270,10 @@ class Node:
             for m in self.membership.members()
             if m.state == State.ALIVE
         }
+
+    def _http_address_of(self, member_id: str) -> str | None:
+        """Where a member's HTTP API listens, as it advertises in gossip."""
+        return next((dict(m.meta).get("http") for m in self.members() if m.id == member_id), None)
 
     def _on_membership_event(self, event: MembershipEvent) -> None:
         self.ownership.view_changed()
@@ -230,15 +290,17 @@ class Node:
         if self.history_writer is not None:
             await self.history.prepare()
 
-    async def _retry_until_ready(self, what: str, attempt: Any, stopping: asyncio.Event) -> bool:
+    async def _retry_until_ready(
+        self, what: str, attempt: Callable[[], Awaitable[None]], stopping: asyncio.Event
+    ) -> bool:
         delay = 0.2
         while not stopping.is_set():
             try:
                 await attempt()
                 return True
-            except BucketCountMismatch:
-                raise
-            except (PyMongoError, KafkaError, OSError) as exc:
+            except SchedulerError as exc:
+                if not exc.retriable:
+                    raise  # BucketCountMismatch, FormatTooNew: fatal
                 log.warning(f"waiting for the {what}", error=str(exc), retry_in=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=delay)
@@ -256,20 +318,21 @@ class Node:
         every lease over, leave the cluster, and stop gossiping. The API
         keeps answering (any node accepts schedules); readiness turns false.
         False when the node is not running (starting, draining or stopping)."""
-        if self.state != "running":
+        if "drain" not in TRANSITIONS[self.phase]:
             return False
-        self.state = "draining"
+        self._move("drain")
         log.info("node draining")
         await self._hand_over()
-        self.state = "drained"
-        log.info("node drained: no buckets, out of the cluster; the API still answers")
+        if self.phase is Phase.DRAINING:  # not stopped meanwhile
+            self._move("drained")
+            log.info("node drained: no buckets, out of the cluster; the API still answers")
         return True
 
     async def stop(self) -> None:
-        if self.state in {"stopping", "stopped"}:
-            return
-        drained = self.state == "drained"
-        self.state = "stopping"
+        if "stop" not in TRANSITIONS[self.phase]:
+            return  # stopping or stopped already
+        drained = self.phase is Phase.DRAINED
+        self._move("stop")
         log.info("node leaving")
         # Graceful leave (DESIGN.md): stop taking calls, finish the batch in
         # flight, release every lease, then tell the cluster we left, so the
@@ -285,7 +348,7 @@ class Node:
         await self.client.close()
         if self._stall_task is not None:
             self._stall_task.cancel()
-        self.state = "stopped"
+        self._move("stopped")
         log.info("node stopped")
 
     async def _hand_over(self) -> None:
@@ -298,42 +361,11 @@ class Node:
                 task.cancel()
         try:
             await self.ownership.release_all()
-        except PyMongoError as exc:
+        except StoreUnavailable as exc:
             log.warning("could not release leases; they will expire", error=str(exc))
         if self.membership is not None:
             await self.membership.leave(grace=LEAVE_GRACE)
             await self.membership.stop()
-
-    # -- wake-up hints --------------------------------------------------------------
-
-    def schedule_accepted(self, doc: dict[str, Any]) -> None:
-        """Make sure the owner of a new schedule wakes in time for it.
-
-        Ours: wake our poller if the schedule is due before its next round.
-        Another node's: tell it over HTTP when it is due within a poll
-        interval, so lateness does not depend on that node's poll interval.
-        """
-        bucket, due_at = doc["bucket"], doc["dueAt"]
-        if bucket in self.leases.usable():
-            self.poller.hint(due_at)
-            return
-        owner = self.ownership.owner_of(bucket)
-        if owner is None or owner == self.config.node_id or self.membership is None:
-            return
-        if (due_at - utcnow()).total_seconds() > self.config.poll_interval:
-            return  # the owner's own look-ahead will see it in time
-        address = next(
-            (dict(m.meta).get("http") for m in self.membership.members() if m.id == owner), None
-        )
-        if address:
-            self.hints.send(address, bucket, due_at)
-
-    def wake(self, bucket: int, due_at: datetime) -> bool:
-        """A peer's hint: True when we hold the bucket and woke the poller."""
-        if bucket in self.leases.usable():
-            self.poller.hint(due_at)
-            return True
-        return False
 
     # -- views ----------------------------------------------------------------
 
@@ -341,69 +373,13 @@ class Node:
         store_ok = True
         try:
             await asyncio.wait_for(self.store.ping(), timeout=READINESS_TIMEOUT)
-        except (PyMongoError, TimeoutError):
+        except (StoreUnavailable, TimeoutError):
             store_ok = False
         return {
-            "started": self.state == "running",
+            "started": self.phase is Phase.RUNNING,
             "gossip": self.membership is not None and self.membership.swim is not None,
             "store": store_ok,
             "broker": await self.publisher.reachable(),
-        }
-
-    async def backlog(self) -> dict[str, Any]:
-        """Due-now schedules per bucket, for the cluster page. Cached for a
-        second: several open pages cost one query a second, not one each."""
-        now = time.monotonic()
-        if self._backlog is None or now - self._backlog[0] >= BACKLOG_CACHE_SECONDS:
-            due = await self.store.due_backlog(utcnow())
-            self._backlog = (
-                now,
-                {
-                    "at": utcnow().isoformat(),
-                    "total": sum(due.values()),
-                    "dueNow": {str(b): n for b, n in sorted(due.items())},
-                },
-            )
-        return self._backlog[1]
-
-    async def cluster_view(self) -> dict[str, Any]:
-        leases = (
-            await self.store.database["buckets"]
-            .find({}, {"owner": 1, "token": 1})
-            .sort("_id", 1)
-            .to_list()
-        )
-        return {
-            "self": self.config.node_id,
-            "members": [
-                {
-                    "id": m.id,
-                    "address": m.address,
-                    "state": m.state.label,
-                    "incarnation": m.incarnation,
-                    "http": dict(m.meta).get("http"),
-                    "placementVersion": parse_version(dict(m.meta).get("placement")),
-                }
-                for m in (self.membership.members() if self.membership else [])
-            ],
-            "buckets": {
-                "count": self.config.buckets,
-                "held": len(self.leases.usable()),
-                "wanted": len(self.ownership.wanted),
-                "settled": self.ownership.settled,
-                "placementVersion": self.ownership.placement_version,
-                "owners": [
-                    {
-                        "bucket": d["_id"],
-                        "owner": d.get("owner"),
-                        "token": d.get("token", 0),
-                        # where this node's view places it; differs from
-                        # owner only while a hand-over is under way
-                        "placed": self.ownership.owner_of(d["_id"]),
-                    }
-                    for d in leases
-                ],
-            },
         }
 
 

@@ -8,6 +8,7 @@ import io
 import json
 from typing import Any
 
+from node.api.cluster import view_of
 from node.ops.cli import build_parser
 from node.ops.ctl import run
 from tests.conftest import NodeFactory, NodeHandle, wait_until
@@ -23,7 +24,7 @@ async def ctl(handle: NodeHandle, *argv: str) -> tuple[int, str]:
 
 def settled(*handles: NodeHandle) -> Any:
     async def condition() -> bool:
-        views = [await h.node.cluster_view() for h in handles]
+        views = [await view_of(h.node) for h in handles]
         return all(v["buckets"]["settled"] for v in views) and all(
             o["owner"] == o["placed"] for v in views for o in v["buckets"]["owners"]
         )

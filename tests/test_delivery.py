@@ -11,9 +11,10 @@ from typing import Any
 
 import aiohttp
 
-from node.delivery.publisher import KafkaPublisher, Record
+from node.delivery.publisher import KafkaPublisher
 from node.ops import embedded
 from node.process import Node
+from node.schedule.record import Record
 from tests.conftest import (
     EmbeddedServers,
     NodeFactory,

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from node.delivery.fairness import fair_share
-from node.schedule.model import Limits, parse_schedule_object
+from node.schedule.model import Limits
+from node.schedule.parse import parse_schedule_object
 from node.store.schedules import ScheduleStore
-from node.tenants.model import Tenant, TenantStore
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant
 from tests.conftest import NodeFactory, wait_until
 from tests.test_recurring import stamp
 

@@ -11,11 +11,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from node.delivery.leases import LeaseManager
+from node.delivery.outcomes import Rules
 from node.delivery.poller import BucketPoller
-from node.delivery.publisher import KafkaPublisher, Record
+from node.delivery.publisher import KafkaPublisher
 from node.metrics import NodeMetrics
-from node.schedule.model import Limits, parse_new_schedule
+from node.schedule.model import Limits
+from node.schedule.parse import parse_new_schedule
+from node.schedule.record import Record
 from node.schedule.retry import RetryPolicy
+from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
 
@@ -49,8 +53,11 @@ def poller(
         node_id=name,
         batch_size=10,
         poll_interval=0.2,
-        retry_policy=RetryPolicy(
-            max_attempts=5, backoff=timedelta(seconds=0.1), backoff_max=timedelta(seconds=1)
+        rules=Rules(
+            RetryPolicy(
+                max_attempts=5, backoff=timedelta(seconds=0.1), backoff_max=timedelta(seconds=1)
+            ),
+            misfire_threshold=timedelta(seconds=60),
         ),
     )
 
@@ -77,8 +84,8 @@ async def test_a_frozen_owner_cannot_overwrite_its_successor(
     await real_b.start()
     frozen = FrozenPublisher(real_a)
     # A short lease for a, which will not renew it while frozen.
-    leases_a = LeaseManager(mongo.buckets, "a", ttl=2.0)
-    leases_b = LeaseManager(mongo.buckets, "b", ttl=30.0)
+    leases_a = LeaseManager(LeaseStore(mongo.buckets, "a"), ttl=2.0)
+    leases_b = LeaseManager(LeaseStore(mongo.buckets, "b"), ttl=30.0)
     poller_a = poller(store, leases_a, frozen, "a")
     poller_b = poller(store, leases_b, real_b, "b")
     try:

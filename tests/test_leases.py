@@ -8,12 +8,18 @@ from typing import Any
 from pymongo.errors import AutoReconnect
 
 from node.delivery.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
+from node.delivery.outcomes import Rules
 from node.delivery.stalls import StallMeter
-from node.schedule.model import Limits, parse_new_schedule
+from node.errors import StoreUnavailable
+from node.schedule.model import Limits
+from node.schedule.parse import parse_new_schedule
+from node.schedule.retry import DEFAULT_POLICY
+from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import wait_until
 
 BUCKETS = 8
+RULES = Rules(DEFAULT_POLICY, timedelta(seconds=60))
 
 
 class FakeClock:
@@ -71,7 +77,7 @@ async def seconds_left_on_server(mongo: Any, bucket: int) -> float:
 def manager(
     mongo: Any, node: str, ttl: float = 30.0, clock: FakeClock | None = None
 ) -> LeaseManager:
-    return LeaseManager(mongo.buckets, node, ttl, monotonic=clock or FakeClock())
+    return LeaseManager(LeaseStore(mongo.buckets, node), ttl, monotonic=clock or FakeClock())
 
 
 async def test_one_owner_per_bucket_and_release_hands_over(mongo: Any) -> None:
@@ -168,13 +174,13 @@ async def test_fencing_rejects_a_former_owner_after_a_newer_token_acted(mongo: A
     assert sorted(c.id for c in claimed_by_new) == ["s0", "s1", "s2", "s3"]
 
     # The old owner resumes: its completion and its next claim match nothing.
-    assert await store.mark_delivered(claimed_by_old, now) == 0
+    assert await store.complete([RULES.delivered(c, now) for c in claimed_by_old]) == 0
     assert await store.claim(due[2:], {0: old}, "old", now) == []
     docs = {d["_id"]: d async for d in mongo.schedules.find({})}
     assert {d["token"] for d in docs.values()} == {new}
     assert {d["status"] for d in docs.values()} == {"IN_FLIGHT"}
 
-    assert await store.mark_delivered(claimed_by_new, now) == 4
+    assert await store.complete([RULES.delivered(c, now) for c in claimed_by_new]) == 4
 
 
 async def test_claim_skips_cancelled_and_newer_tokens(mongo: Any) -> None:
@@ -195,7 +201,7 @@ async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mong
     # CHAOS_MODE=unfenced exists to prove the chaos checker catches a true
     # zombie: it must really keep working on leases it no longer holds.
     clock = FakeClock()
-    zombie = LeaseManager(mongo.buckets, "a", 10.0, monotonic=clock, unfenced=True)
+    zombie = LeaseManager(LeaseStore(mongo.buckets, "a"), 10.0, monotonic=clock, unfenced=True)
     await zombie.acquire([0, 1])
     tokens = zombie.usable()
     clock.now += 60.0
@@ -209,7 +215,7 @@ def slow_manager(mongo: Any) -> tuple[FakeClock, SlowStore, LeaseManager]:
     """A manager with a 6 s TTL whose lease writes go through a SlowStore."""
     clock = FakeClock()
     store = SlowStore(mongo.buckets, clock)
-    return clock, store, LeaseManager(store, "a", 6.0, monotonic=clock)
+    return clock, store, LeaseManager(LeaseStore(store, "a"), 6.0, monotonic=clock)
 
 
 async def renew_when_due(a: LeaseManager, clock: FakeClock, last_sent: float) -> float:
@@ -275,8 +281,8 @@ async def test_a_shorter_term_cuts_the_local_deadline_even_when_the_reply_is_los
     sent = clock.now
     try:
         await a.renew()
-    except AutoReconnect:
-        pass
+    except StoreUnavailable as exc:
+        assert isinstance(exc.__cause__, AutoReconnect)
     else:
         raise AssertionError("the lost reply was not raised")
     assert set(a.usable()) == {0}
@@ -291,7 +297,9 @@ async def test_a_pause_of_the_process_does_not_stretch_the_term(mongo: Any) -> N
     clock = FakeClock()
     stalls = StallMeter(monotonic=clock)
     store = SlowStore(mongo.buckets, clock, stalls)
-    a = LeaseManager(store, "a", 6.0, monotonic=clock, stalled_since=stalls.stalled_since)
+    a = LeaseManager(
+        LeaseStore(store, "a"), 6.0, monotonic=clock, stalled_since=stalls.stalled_since
+    )
     assert await a.acquire([0]) == [0]
     store.delay, store.paused = 20.0, True  # the reply waits in the socket buffer
     await a.renew()

@@ -8,6 +8,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from node.process import Phase
 from ring import bounded, owned_by
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
 
@@ -93,7 +94,7 @@ async def crash(handle: NodeHandle) -> None:
     await node.membership.stop()
     await node.publisher.stop()
     await node.client.close()
-    node.state = "stopped"
+    node.phase = Phase.STOPPED
 
 
 async def test_a_crashed_node_s_buckets_move_after_expiry_and_nothing_is_lost(

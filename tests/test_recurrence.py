@@ -18,11 +18,10 @@ from node.schedule.recurrence import (
     Advance,
     Misfire,
     Recurrence,
-    format_duration,
     is_misfired,
-    parse_duration,
     parse_recurrence,
 )
+from node.schedule.times import format_duration, parse_duration
 
 NOW = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")

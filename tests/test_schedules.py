@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
+from node.api.views import public_view
 from node.errors import ValidationFailed
-from node.schedule.model import Limits, Status, parse_new_schedule, public_view
+from node.schedule.model import Limits, Status
+from node.schedule.parse import parse_new_schedule
+from node.store.documents import schedule_document
 from ring import bucket_for
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -110,13 +113,13 @@ def test_bad_input_names_the_field(raw: bytes, field: str | None, status: int) -
 
 def test_past_times_are_accepted_and_due_at_once() -> None:
     new = parse(body(executeAt="2000-01-01T00:00:00Z"))
-    doc = new.to_document(256, NOW)
+    doc = schedule_document(new, 256, NOW)
     assert doc["dueAt"] == doc["executeAt"] < NOW
 
 
 def test_document_and_public_view() -> None:
     new = parse(body(id="order-1:timeout", key="k", headers={"trace": "t1"}, payload=[1, "two"]))
-    doc = new.to_document(256, NOW)
+    doc = schedule_document(new, 256, NOW)
     assert doc["_id"] == "order-1:timeout"
     assert doc["bucket"] == bucket_for("order-1:timeout", 256)
     assert doc["status"] == Status.PENDING

@@ -7,11 +7,15 @@ from typing import Any
 
 import pytest
 
+from node.delivery.outcomes import Rules
 from node.errors import BucketCountMismatch
 from node.process import Node
+from node.schedule.retry import DEFAULT_POLICY
 from node.store.schedules import ScheduleStore
 from ring import bucket_for
 from tests.conftest import EmbeddedServers, make_config
+
+RULES = Rules(DEFAULT_POLICY, timedelta(seconds=60))
 
 
 async def test_prepare_is_idempotent_and_creates_the_indexes(mongo: Any) -> None:
@@ -93,7 +97,7 @@ async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(mongo
     # Another bucket changes owner while we publish: our mark must not land there.
     moved = next(c.bucket for c in claimed)
     await mongo.schedules.update_many({"bucket": moved}, {"$set": {"token": tokens[moved] + 1}})
-    marked = await store.mark_delivered(claimed, now)
+    marked = await store.complete([RULES.delivered(c, now) for c in claimed])
     assert marked == sum(1 for c in claimed if c.bucket != moved)
     assert await mongo.schedules.count_documents({"bucket": moved, "status": "IN_FLIGHT"}) == sum(
         1 for c in claimed if c.bucket == moved
@@ -114,7 +118,7 @@ def test_lease_writes_are_journaled_on_a_majority(
 ) -> None:
     # A lease write lost in a crash of the database could move a token back.
     node = Node(make_config(servers, database_name))
-    assert node.leases.collection.write_concern.document == {"w": "majority", "j": True}
+    assert node.lease_store.collection.write_concern.document == {"w": "majority", "j": True}
 
 
 async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:
@@ -127,8 +131,9 @@ async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:
     [claimed] = await ScheduleStore(mongo, 16, unfenced=True).claim([doc], tokens, "me", now)
     assert claimed.token == 4
     await mongo.schedules.update_one({"_id": doc["_id"]}, {"$set": {"token": 9}})
-    assert await ScheduleStore(mongo, 16).mark_delivered([claimed], now) == 0
-    assert await ScheduleStore(mongo, 16, unfenced=True).mark_delivered([claimed], now) == 1
+    delivered = [RULES.delivered(claimed, now)]
+    assert await ScheduleStore(mongo, 16).complete(delivered) == 0
+    assert await ScheduleStore(mongo, 16, unfenced=True).complete(delivered) == 1
 
 
 async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo: Any) -> None:

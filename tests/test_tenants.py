@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from node.tenants.model import Tenant, TenantStore, key_digest
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant, key_digest
 from node.tenants.quotas import PendingQuota, RateLimiter, TokenBucket
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from node.errors import ApiError
-from node.tenants.model import DEFAULT_TENANT, TenantDirectory
+from node.errors import Forbidden, Unauthorized
+from node.schedule.model import DEFAULT_TENANT
+from node.tenants.directory import TenantDirectory
 
 OPEN_ROUTES = frozenset(
     {"/", "/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/internal/wake"}
@@ -38,19 +39,11 @@ class Caller:
         if self.tenant is None:
             return requested or DEFAULT_TENANT
         if requested is not None and requested != self.tenant:
-            raise ApiError(
-                403, "forbidden", f"this API key acts for tenant {self.tenant!r} only", "tenant"
-            )
+            raise Forbidden(f"this API key acts for tenant {self.tenant!r} only", "tenant")
         return self.tenant
 
 
 ANYONE = Caller(tenant=None, admin=True)
-
-
-def unauthorized(message: str) -> ApiError:
-    return ApiError(
-        401, "unauthorized", message, headers={"WWW-Authenticate": 'Bearer realm="scheduler"'}
-    )
 
 
 async def identify(request: web.Request, directory: TenantDirectory | None) -> Caller:
@@ -62,10 +55,10 @@ async def identify(request: web.Request, directory: TenantDirectory | None) -> C
     if path in OPEN_ROUTES:
         return Caller(tenant=None, admin=False)
     if scheme.lower() != "bearer" or not key.strip():
-        raise unauthorized("send Authorization: Bearer <API key>")
+        raise Unauthorized("send Authorization: Bearer <API key>")
     tenant = await directory.authenticate(key.strip())
     if tenant is None:
-        raise unauthorized("unknown or revoked API key")
+        raise Unauthorized("unknown or revoked API key")
     if path.startswith(ADMIN_PREFIXES) and not tenant.admin:
-        raise ApiError(403, "forbidden", "this route needs an admin tenant's API key")
+        raise Forbidden("this route needs an admin tenant's API key")
     return Caller(tenant=tenant.name, admin=tenant.admin)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
+from node.schedule.model import ID_PATTERN
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
@@ -48,7 +49,7 @@ _ID = {
     "name": "schedule_id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+    "schema": {"type": "string", "pattern": ID_PATTERN.pattern},
 }
 _STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
 _TENANT = {
@@ -141,7 +142,7 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": {
                 "type": "string",
-                "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+                "pattern": ID_PATTERN.pattern,
                 "description": "idempotency key; the server assigns one when absent",
             },
             "topic": {"type": "string", "description": "Kafka topic"},

@@ -1,4 +1,5 @@
-"""Fair selection of due work across tenants.
+"""Fair selection of due work across tenants (the poller's selection policy,
+applied once per round).
 
 Due work is served oldest first, which is fair between schedules but not
 between tenants: one tenant's burst of 50,000 due at once would hold every
@@ -18,19 +19,24 @@ from typing import Any
 from node.schedule.times import aware
 
 
-def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` of ``docs``, taken in turn from each tenant (each
-    tenant's oldest first); returned oldest first, as the poller expects."""
-    if len(docs) <= limit:
-        return sorted(docs, key=_due)
+def fair_order(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``docs`` in the order a fair round takes them: one from each tenant in
+    turn (tenants in the order of their oldest due schedule, each tenant's
+    oldest first)."""
     by_tenant: dict[str, list[dict[str, Any]]] = {}
-    for doc in sorted(docs, key=_due):
+    for doc in sorted(docs, key=by_due):
         by_tenant.setdefault(str(doc.get("tenant")), []).append(doc)
-    # Tenants in the order of their oldest due schedule, then one from each in turn.
     turns = chain.from_iterable(zip_longest(*by_tenant.values()))
-    chosen = [doc for doc in turns if doc is not None][:limit]
-    return sorted(chosen, key=_due)
+    return [doc for doc in turns if doc is not None]
 
 
-def _due(doc: dict[str, Any]) -> datetime:
+def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` of ``docs``, taken in turn from each tenant; returned
+    oldest first, as the poller delivers them."""
+    if len(docs) <= limit:
+        return sorted(docs, key=by_due)
+    return sorted(fair_order(docs)[:limit], key=by_due)
+
+
+def by_due(doc: dict[str, Any]) -> datetime:
     return aware(doc["dueAt"])

@@ -1,6 +1,6 @@
-"""Per-bucket leases with fencing tokens (DESIGN.md "Leases with fencing tokens").
-
-One document per bucket in ``buckets``: ``{_id, owner, token, expiresAt}``.
+"""The book of this node's bucket leases (DESIGN.md "Leases with fencing
+tokens"): which it holds, under which token, until when it may work them.
+The lease documents and their queries are ``node/store/leases.py``.
 
 States of a bucket, from this node's side (after kazoo's SetPartitioner):
 
@@ -22,10 +22,10 @@ failover after a crash waits longer only while the store is that slow.
 Time this process stood still (node/stalls.py) is not the store's and is
 left out of the round trips.
 
-Expiry is judged by the database server's clock (``$$NOW`` in an update
-pipeline), so nodes' wall clocks never decide who owns what. The local
-deadline is a second guard that needs no database: it starts before the
-renew is sent, so it always falls before the server-side expiry.
+Expiry is judged by the database server's clock, so nodes' wall clocks
+never decide who owns what. The local deadline is a second guard that needs
+no database: it starts before the renew is sent, so it always falls before
+the server-side expiry.
 """
 
 from __future__ import annotations
@@ -34,18 +34,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 import structlog
-from pymongo import UpdateMany, UpdateOne
-from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError
+
+from node.store.leases import LeaseStore
 
 log = structlog.get_logger("node.leases")
 
-DUPLICATE_KEY = 11000
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The term is at least this many times the slowest recent round trip: a renew
 # that slow still lands before the deadline (term - margin - renew interval).
 STRETCH = 3.0
@@ -71,16 +66,15 @@ class LeaseManager:
 
     def __init__(
         self,
-        collection: AsyncCollection[dict[str, Any]],
-        node_id: str,
+        store: LeaseStore,
         ttl: float,
         *,
         monotonic: Callable[[], float] = time.monotonic,
         stalled_since: Callable[[float], float] = lambda _since: 0.0,
         unfenced: bool = False,
     ) -> None:
-        self.collection = collection
-        self.node_id = node_id
+        self.store = store
+        self.node_id = store.node_id
         self.ttl = ttl
         self.monotonic = monotonic
         # Seconds the process stood still since a monotonic time (node/stalls.py).
@@ -143,10 +137,6 @@ class LeaseManager:
     def _current(self, lease: Lease, now: float) -> bool:
         return self.unfenced or lease.deadline > now
 
-    @staticmethod
-    def _expires_at(term: float) -> dict[str, Any]:
-        return {"$add": ["$$NOW", int(term * 1000)]}
-
     async def renew(self) -> list[int]:
         """Extend every held lease; returns the buckets found lost."""
         self._drop_expired()
@@ -161,23 +151,15 @@ class LeaseManager:
             if latest < lease.deadline:
                 self.held[bucket] = Lease(bucket, lease.token, latest)
         held = dict(self.held)
-        # One update for all: owner is our unique node id, and only we set it,
-        # so it stands for (owner, token) here; the read below checks tokens
-        # whenever the count says something changed.
-        result = await self.collection.update_many(
-            {"_id": {"$in": sorted(held)}, "owner": self.node_id},
-            [{"$set": {"expiresAt": self._expires_at(term)}}],
-        )
+        matched = await self.store.extend(sorted(held), term)
         self._timed(sent)
         kept = set(held)
-        if result.matched_count != len(held):
-            current = await self.collection.find(
-                {"_id": {"$in": list(held)}}, {"owner": 1, "token": 1}, batch_size=len(held)
-            ).to_list()
+        if matched != len(held):
+            current = await self.store.tokens(list(held))
             kept = {
-                d["_id"]
-                for d in current
-                if d.get("owner") == self.node_id and d.get("token") == held[d["_id"]].token
+                b
+                for b, (owner, token) in current.items()
+                if owner == self.node_id and token == held[b].token
             }
         lost = [] if self.unfenced else sorted(set(held) - kept)
         for bucket in kept:
@@ -190,65 +172,24 @@ class LeaseManager:
     async def acquire(self, wanted: Iterable[int]) -> list[int]:
         """Take every wanted bucket that is free, expired or already ours.
 
-        One aggregate finds the candidates by the server's clock; one bulk
-        write takes them: a single conditional update for buckets whose
-        document exists, an upsert each for buckets never leased before (a
-        duplicate-key error there means another node won it); one read
-        learns the new tokens.
+        One read finds the candidates by the server's clock, one bulk write
+        takes them, one read learns the new tokens (node/store/leases.py).
         """
         self._drop_expired()
         want = set(wanted) - set(self.held)
         if not want:
             return []
-        existing = await (
-            await self.collection.aggregate(
-                [
-                    {"$match": {"_id": {"$in": sorted(want)}}},
-                    {"$project": {"_id": 1, "takeable": self._takeable_expr()}},
-                ],
-                batchSize=len(want),
-            )
-        ).to_list()
-        takeable = sorted(d["_id"] for d in existing if d["takeable"])
-        unseen = sorted(want - {d["_id"] for d in existing})
+        takeable, unseen = await self.store.takeable(want)
         candidates = sorted([*takeable, *unseen])
         if not candidates:
             return []
         sent, term = self.monotonic(), self.term
-        take = [
-            {
-                "$set": {
-                    "owner": self.node_id,
-                    "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
-                    "expiresAt": self._expires_at(term),
-                    "acquiredAt": "$$NOW",
-                }
-            }
-        ]
-        ops: list[UpdateMany | UpdateOne] = []
-        if takeable:
-            # The filter re-checks each bucket atomically: one taken since
-            # the aggregate is simply not matched.
-            ops.append(UpdateMany({"_id": {"$in": takeable}, "$expr": self._takeable_expr()}, take))
-        ops.extend(
-            UpdateOne({"_id": b, "$expr": self._takeable_expr()}, take, upsert=True) for b in unseen
-        )
-        try:
-            await self.collection.bulk_write(ops, ordered=False)
-        except BulkWriteError as exc:
-            others = [e for e in exc.details.get("writeErrors", []) if e["code"] != DUPLICATE_KEY]
-            if others:
-                raise
+        await self.store.take(takeable, unseen, term)
         self._timed(sent)
-        won = await self.collection.find(
-            {"_id": {"$in": candidates}, "owner": self.node_id},
-            {"token": 1},
-            batch_size=len(candidates),
-        ).to_list()
+        won = await self.store.ours(candidates)
         gained = []
-        for doc in won:
-            bucket = int(doc["_id"])
-            self.held[bucket] = Lease(bucket, int(doc["token"]), self._deadline(sent, term))
+        for bucket, token in sorted(won.items()):
+            self.held[bucket] = Lease(bucket, token, self._deadline(sent, term))
             gained.append(bucket)
         if gained:
             log.info("leases acquired", buckets=len(gained), held=len(self.held))
@@ -265,24 +206,9 @@ class LeaseManager:
         for bucket in chosen:
             self.held.pop(bucket)
         self.suspended.difference_update(chosen)
-        await self.collection.update_many(
-            {"_id": {"$in": chosen}, "owner": self.node_id},
-            {"$set": {"owner": None, "expiresAt": EPOCH}},
-        )
+        await self.store.release(chosen)
         log.info("leases released", buckets=len(chosen))
         return chosen
-
-    def _takeable_expr(self) -> dict[str, Any]:
-        return {
-            "$or": [
-                {"$eq": [{"$ifNull": ["$owner", None]}, None]},
-                {"$eq": ["$owner", self.node_id]},
-                # Compared as epoch milliseconds: the embedded SecantusDB
-                # (0.7.0b3) answers false for any date-vs-$$NOW comparison in
-                # an expression; $toLong is the same order on MongoDB 4.0+.
-                {"$lt": [{"$toLong": "$expiresAt"}, {"$toLong": "$$NOW"}]},
-            ]
-        }
 
     def _drop_expired(self) -> None:
         now = self.monotonic()

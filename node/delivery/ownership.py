@@ -26,12 +26,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import structlog
-from pymongo.errors import PyMongoError
 
 from node.delivery.leases import LeaseManager
-from node.delivery.poller import BucketPoller
+from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from ring import PLACEMENT_VERSION, in_use, owned_by, place
 
@@ -40,13 +40,23 @@ log = structlog.get_logger("node.ownership")
 RETRY_INTERVAL = 0.25  # while a wanted bucket is still held elsewhere
 
 
+class DeliveryLoop(Protocol):
+    """What ownership needs of the poller (node/delivery/poller.py)."""
+
+    def leases_changed(self) -> None:
+        """Leases were gained, lost or withdrawn: look at them again now."""
+
+    async def quiesce(self, buckets: set[int] | None = None) -> None:
+        """Return once no claimed work in ``buckets`` (default: any) is in flight."""
+
+
 class Ownership:
     def __init__(
         self,
         node_id: str,
         bucket_count: int,
         leases: LeaseManager,
-        poller: BucketPoller,
+        poller: DeliveryLoop,
         metrics: NodeMetrics,
         *,
         # member id -> the newest placement version it runs (ring/versions.py)
@@ -99,12 +109,12 @@ class Ownership:
             self._wake.clear()
             try:
                 delay = await self.step()
-            except PyMongoError as exc:
+            except Exception as exc:
                 self.metrics.lease_errors.inc()
-                log.warning("lease round failed", error=str(exc))
-            except Exception:
-                self.metrics.lease_errors.inc()
-                log.exception("unexpected error in the lease round")
+                if isinstance(exc, SchedulerError) and exc.retriable:
+                    log.warning("lease round failed", error=str(exc))
+                else:
+                    log.exception("unexpected error in the lease round")
             self.metrics.buckets_owned.set(len(self.leases.usable()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)

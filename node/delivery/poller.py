@@ -14,9 +14,10 @@ Each round:
 2. claim the batch in one bulk write (PENDING -> IN_FLIGHT, with the token);
 3. drop anything whose lease's local deadline passed during the claim, then
    publish to Kafka and wait for the acks;
-4. mark DELIVERED (fenced by the token), or back to PENDING with backoff,
-   or DELIVERY_FAILED past the retry limit (to the dead-letter topic when
-   configured);
+4. complete each one as ``outcomes.py`` decides (DELIVERED, back to
+   PENDING with backoff, DELIVERY_FAILED past the retry limit and to the
+   dead-letter topic when configured, a recurring one's next occurrence),
+   fenced by the token;
 5. sleep until the next due time or the poll interval, whichever is
    sooner, but at least until the batch linger since the round began has
    passed; a hint from the API (a schedule due sooner) or a lease change
@@ -35,17 +36,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from pymongo.errors import PyMongoError
 
-from node.delivery.fairness import fair_share
+from node.delivery.fairness import by_due, fair_order
+from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
-from node.delivery.publisher import KafkaPublisher, Record, build_record
+from node.delivery.outcomes import Rules
+from node.delivery.publisher import KafkaPublisher
+from node.errors import SchedulerError
 from node.metrics import NodeMetrics
-from node.schedule.recurrence import Recurrence
-from node.schedule.retry import RetryPolicy, policy_of
-from node.schedule.times import aware
-from node.store.history import Attempt, HistoryWriter
-from node.store.schedules import Claimed, Failure, ScheduleStore, utcnow
+from node.schedule.record import Record, build_record
+from node.schedule.times import aware, utcnow
+from node.store.contract import Claimed, Completion, Outcome
+from node.store.history import Attempt
+from node.store.schedules import ScheduleStore
 
 log = structlog.get_logger("node.poller")
 
@@ -68,7 +71,7 @@ class BucketPoller:
         node_id: str,
         batch_size: int,
         poll_interval: float,
-        retry_policy: RetryPolicy,
+        rules: Rules,
         batch_linger: float = 0.0,
         dead_letter_topic: str = "",
         history: HistoryWriter | None = None,
@@ -84,7 +87,7 @@ class BucketPoller:
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.batch_linger = batch_linger
-        self.retry_policy = retry_policy
+        self.rules = rules
         self.dead_letter_topic = dead_letter_topic
         self.history = history
         # The tenants whose due work a backlog could hide (None: no fairness,
@@ -142,16 +145,15 @@ class BucketPoller:
             try:
                 delay = await self.run_once()
                 failures = 0
-            except PyMongoError as exc:
-                failures += 1
-                delay = min(self.poll_interval * 2**failures, 10.0)
-                log.warning("store error in poller", error=str(exc), retry_in=delay)
-            except Exception:
+            except Exception as exc:
                 # A bug must not silently end delivery for this node: log it
                 # loudly and keep going; the leases stay fenced either way.
                 failures += 1
                 delay = min(self.poll_interval * 2**failures, 10.0)
-                log.exception("unexpected error in poller", retry_in=delay)
+                if isinstance(exc, SchedulerError) and exc.retriable:
+                    log.warning("store error in poller", error=str(exc), retry_in=delay)
+                else:
+                    log.exception("unexpected error in poller", retry_in=delay)
             # Linger: schedules falling due within the next few milliseconds
             # wait to share one round (one query, one claim, one mark)
             # instead of costing three round trips each. Hints do not cut
@@ -230,15 +232,19 @@ class BucketPoller:
             present = {d.get("tenant") for d in kept}
             others = [t for t in tenants or () if t not in present]
             pool = kept + await self.store.oldest_due_of(others, until, tokens, self.batch_size)
+            limit = len(pool)
         else:
             backlog = len(self._read_ahead) > 0 or self._backlogged
             limit = self.batch_size * (READ_AHEAD if backlog else 1)
             pool = await self.store.find_due(tokens, until, limit, tenants)
             self._read_ahead_at = self.monotonic()
-        batch = pool[: self.batch_size] if tenants is None else fair_share(pool, self.batch_size)
-        chosen = {d["_id"] for d in batch}
-        self._read_ahead = [d for d in pool if d["_id"] not in chosen]
-        self._backlogged = len(pool) > self.batch_size
+        # The one place fairness is applied: the pool in the order a fair
+        # round takes it (or plain oldest first, kept to measure fairness).
+        ordered = sorted(pool, key=by_due) if tenants is None else fair_order(pool)
+        ordered = ordered[:limit]
+        batch = sorted(ordered[: self.batch_size], key=by_due)
+        self._read_ahead = ordered[self.batch_size :]
+        self._backlogged = len(ordered) > self.batch_size
         return batch
 
     async def _tenants(self) -> list[str] | None:
@@ -294,14 +300,16 @@ class BucketPoller:
 
         delivered = [c for c, err in zip(live, results, strict=True) if err is None]
         failures = [
-            Failure(c, f"{type(err).__name__}: {err}")
+            (c, f"{type(err).__name__}: {err}")
             for c, err in zip(live, results, strict=True)
             if err is not None
         ]
         done_at = self.wall()
         if delivered:
             started = time.perf_counter()
-            marked = await self.store.mark_delivered(delivered, done_at)
+            marked = await self.store.complete(
+                [self.rules.delivered(c, done_at) for c in delivered]
+            )
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
@@ -315,17 +323,12 @@ class BucketPoller:
                     fenced=len(delivered) - marked,
                     buckets=sorted({c.bucket for c in delivered}),
                 )
-            self._record(delivered, done_at, "delivered")
+            self._record(delivered, done_at, Outcome.DELIVERED)
             for c in delivered:
                 lateness = (done_at - aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
                 log.debug(
-                    "schedule delivered",
-                    schedule_id=c.id,
-                    bucket=c.bucket,
-                    token=c.token,
-                    attempt=c.attempt,
-                    lateness_s=round(max(lateness, 0.0), 4),
+                    "schedule delivered", **_about(c), lateness_s=round(max(lateness, 0.0), 4)
                 )
         if failures:
             await self._fail(failures, done_at)
@@ -335,51 +338,32 @@ class BucketPoller:
         which are too late are not published: their chain moves on. The rest
         go ahead."""
         now = self.wall()
-        threshold = self.store.misfire_threshold
-        skipped = [
-            c
-            for c in claimed
-            if c.recurring
-            and Recurrence.from_document(c.doc["recurrence"]).should_skip(
-                aware(c.doc["executeAt"]), now, threshold
-            )
-        ]
+        skipped = [c for c in claimed if self.rules.should_skip(c, now)]
         if not skipped:
             return claimed
-        moved = await self.store.skip_occurrences(skipped, now)
-        self._record(skipped, now, "skipped")
+        moved = await self.store.complete([self.rules.skipped(c, now) for c in skipped])
+        self._record(skipped, now, Outcome.SKIPPED)
         self.metrics.deliveries.labels("skipped").inc(moved)
         log.info("missed occurrences skipped", count=len(skipped), ids=[c.id for c in skipped][:20])
         skipped_ids = {c.id for c in skipped}
         return [c for c in claimed if c.id not in skipped_ids]
 
-    async def _fail(self, failures: list[Failure], now: datetime) -> None:
-        exhausted = [
-            f
-            for f in failures
-            if f.claimed.attempt >= policy_of(f.claimed.doc, self.retry_policy).max_attempts
-        ]
+    async def _fail(self, failures: list[tuple[Claimed, str]], now: datetime) -> None:
+        exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
         if exhausted and self.dead_letter_topic:
             await self._dead_letter(exhausted)
-        outcome = await self.store.record_failures(failures, self.retry_policy, now)
-        exhausted_ids = {f.claimed.id for f in exhausted}
-        for failure in failures:
-            final = failure.claimed.id in exhausted_ids
-            self._record([failure.claimed], now, "failed" if final else "retrying", failure.error)
-        self.metrics.deliveries.labels("retried").inc(outcome.retried)
-        self.metrics.deliveries.labels("failed").inc(len(outcome.failed))
-        for failure in failures:
-            log.warning(
-                "publish failed",
-                schedule_id=failure.claimed.id,
-                bucket=failure.claimed.bucket,
-                token=failure.claimed.token,
-                attempt=failure.claimed.attempt,
-                error=failure.error,
-            )
+        completions: list[Completion] = [self.rules.failed(c, error, now) for c, error in failures]
+        await self.store.complete(completions)
+        for completion in completions:
+            self._record([completion.claimed], now, completion.outcome, completion.error)
+        retried = sum(1 for c in completions if c.outcome == Outcome.RETRYING)
+        self.metrics.deliveries.labels("retried").inc(retried)
+        self.metrics.deliveries.labels("failed").inc(len(completions) - retried)
+        for claimed, error in failures:
+            log.warning("publish failed", **_about(claimed), error=error)
 
     def _record(
-        self, claimed: list[Claimed], at: datetime, outcome: str, error: str | None = None
+        self, claimed: list[Claimed], at: datetime, outcome: Outcome, error: str | None = None
     ) -> None:
         """Hand the attempts to the history writer (never waits for the store)."""
         if self.history is None:
@@ -395,35 +379,37 @@ class BucketPoller:
                     at=at,
                     node=self.node_id,
                     token=c.token,
-                    outcome=outcome,
+                    outcome=outcome.value,
                     error=error,
                 )
                 for c in claimed
             ]
         )
 
-    async def _dead_letter(self, failures: list[Failure]) -> None:
+    async def _dead_letter(self, failures: list[tuple[Claimed, str]]) -> None:
         records = []
-        for failure in failures:
-            original = build_record(
-                failure.claimed.doc, failure.claimed.token, failure.claimed.attempt
-            )
+        for claimed, error in failures:
+            original = build_record(claimed.doc, claimed.token, claimed.attempt)
             headers = [
                 *original.headers,
                 ("original-topic", original.topic.encode()),
-                ("error", failure.error.encode()[:1024]),
+                ("error", error.encode()[:1024]),
             ]
             records.append(Record(self.dead_letter_topic, original.key, original.value, headers))
         results = await self.publisher.publish(records)
-        for failure, err in zip(failures, results, strict=True):
+        for (claimed, _error), err in zip(failures, results, strict=True):
             if err is not None:
-                log.error(
-                    "dead-letter publish failed",
-                    schedule_id=failure.claimed.id,
-                    bucket=failure.claimed.bucket,
-                    token=failure.claimed.token,
-                    error=str(err),
-                )
+                log.error("dead-letter publish failed", **_about(claimed), error=str(err))
 
 
-__all__ = ["BucketPoller", "Claimed"]
+def _about(claimed: Claimed) -> dict[str, Any]:
+    """What a log line says of one claimed schedule."""
+    return {
+        "schedule_id": claimed.id,
+        "bucket": claimed.bucket,
+        "token": claimed.token,
+        "attempt": claimed.attempt,
+    }
+
+
+__all__ = ["BucketPoller"]

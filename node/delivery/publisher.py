@@ -1,8 +1,5 @@
-"""Kafka publishing (DESIGN.md "Kafka record").
-
-key = the schedule's key or its id; value = the payload bytes; headers carry
-schedule-id, execute-at, fence-token, tenant and attempt (so a consumer can
-drop repeats) followed by the caller's headers.
+"""Kafka publishing: the aiokafka adapter (the records themselves are built
+in ``node/schedule/record.py``).
 
 The producer waits for the full ISR (``acks="all"``): a schedule is marked
 DELIVERED only after Kafka has durably accepted it.
@@ -12,37 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
-from node.schedule.model import public_id
-from node.schedule.times import format_time
-
-
-@dataclass(frozen=True)
-class Record:
-    topic: str
-    key: bytes
-    value: bytes
-    headers: list[tuple[str, bytes]]
-
-
-def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
-    schedule_id = public_id(str(doc["_id"]))
-    headers: list[tuple[str, bytes]] = [
-        ("schedule-id", schedule_id.encode()),
-        ("execute-at", (format_time(doc["executeAt"]) or "").encode()),
-        ("fence-token", str(token).encode()),
-        ("tenant", str(doc["tenant"]).encode()),
-        ("attempt", str(attempt).encode()),
-    ]
-    headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
-    key = doc.get("key") or schedule_id
-    return Record(
-        topic=doc["topic"], key=str(key).encode(), value=bytes(doc["payload"]), headers=headers
-    )
+from node.errors import BrokerUnavailable
+from node.schedule.record import Record
 
 
 class KafkaPublisher:
@@ -70,6 +43,9 @@ class KafkaPublisher:
         producer = AIOKafkaProducer(**self._settings)
         try:
             await producer.start()
+        except (KafkaError, OSError) as exc:
+            await producer.stop()
+            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             await producer.stop()
             raise

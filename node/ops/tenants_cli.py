@@ -15,10 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
 
 from node import config as node_config
-from node.tenants.model import Tenant, TenantError, TenantStore, validate_name
+from node.errors import StoreUnavailable, TenantError
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant, validate_name
 from node.tenants.model import unlimited as tenant_defaults
 
 MONGO_SETTINGS = [s for s in node_config.SETTINGS if s.attr in {"mongo_uri", "mongo_database"}]
@@ -158,6 +159,6 @@ def run(args: argparse.Namespace) -> int:
     except (TenantError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except PyMongoError as exc:
-        print(f"error: the database did not answer: {exc}", file=sys.stderr)
+    except StoreUnavailable as exc:
+        print(f"error: the database did not answer: {exc.__cause__}", file=sys.stderr)
         return 2

@@ -33,7 +33,6 @@ Two kinds:
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -44,7 +43,7 @@ from zoneinfo import ZoneInfo, available_timezones
 from cronsim import CronSim, CronSimError
 
 from node.errors import ValidationFailed
-from node.schedule.times import format_time, parse_time
+from node.schedule.times import format_duration, format_time, parse_duration, parse_time
 
 DEFAULT_TIME_ZONE = "UTC"
 DEFAULT_MAX_CATCH_UP = 10
@@ -62,14 +61,6 @@ SKIPPED_COUNT_CAP = 10_000
 _FIELDS = frozenset({"every", "cron", "timeZone", "start", "end", "misfire", "maxCatchUp"})
 _MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# ISO-8601 durations, the subset with a fixed length: weeks alone, or days and
-# a time part. Hand-written because isodate would parse years and months into
-# calendar Durations, which are rejected anyway (that is what cron is for).
-_WEEKS = re.compile(r"^P(\d{1,9})W$")
-_DURATION = re.compile(
-    r"^P(?:(\d{1,9})D)?(?:T(?:(\d{1,9})H)?(?:(\d{1,9})M)?(?:(\d{1,9})(?:\.(\d{1,3}))?S)?)?$"
-)
-_CALENDAR_UNITS = re.compile(r"^P\d+[YM]")
 
 
 class Misfire(enum.StrEnum):
@@ -292,67 +283,6 @@ class Recurrence:
                 return
             last = instant
             yield instant
-
-
-# -- durations ----------------------------------------------------------------
-
-
-def parse_duration(text: object, field: str) -> timedelta:
-    """A positive ISO-8601 duration of fixed length: ``PnW`` or
-    ``P[nD][T[nH][nM][n[.fff]S]]``. Years and months have no fixed length and
-    are rejected."""
-    if not isinstance(text, str):
-        raise ValidationFailed(f"{field} must be an ISO-8601 duration like PT15M", field)
-    if _CALENDAR_UNITS.match(text):
-        raise ValidationFailed(
-            f"{field} cannot use years or months (they have no fixed length); "
-            "use cron for calendar schedules",
-            field,
-        )
-    try:
-        if weeks := _WEEKS.match(text):
-            value = timedelta(weeks=int(weeks.group(1)))
-        elif (parts := _DURATION.match(text)) and text not in {"P", "PT"} and text[-1] != "T":
-            days, hours, minutes, seconds, fraction = parts.groups()
-            value = timedelta(
-                days=int(days or 0),
-                hours=int(hours or 0),
-                minutes=int(minutes or 0),
-                seconds=int(seconds or 0),
-                milliseconds=int((fraction or "0").ljust(3, "0")),
-            )
-        else:
-            raise ValidationFailed(
-                f"{field} must be an ISO-8601 duration like PT15M, P1DT2H or P2W", field
-            )
-    except OverflowError:
-        raise ValidationFailed(f"{field} is too large", field) from None
-    if value <= timedelta(0):
-        raise ValidationFailed(f"{field} must be longer than zero", field)
-    return value
-
-
-def format_duration(value: timedelta) -> str:
-    """The ISO-8601 form ``parse_duration`` reads back: PT15M, P1DT2H, PT0.5S."""
-    if value < timedelta(0):
-        raise ValueError("negative duration")
-    seconds = value.seconds
-    hours, seconds = divmod(seconds, 3600)
-    minutes, seconds = divmod(seconds, 60)
-    millis = value.microseconds // 1000
-    text = "P"
-    if value.days:
-        text += f"{value.days}D"
-    clock = ""
-    if hours:
-        clock += f"{hours}H"
-    if minutes:
-        clock += f"{minutes}M"
-    if seconds or millis:
-        clock += f"{seconds}.{millis:03d}".rstrip("0").rstrip(".") + "S"
-    if clock:
-        text += "T" + clock
-    return text if text != "P" else "PT0S"
 
 
 # -- validation ---------------------------------------------------------------

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from node.errors import ValidationFailed
-from node.schedule.recurrence import format_duration, parse_duration
+from node.schedule.times import format_duration, parse_duration
 
 MAX_ATTEMPTS_LIMIT = 100
 MAX_BACKOFF_LIMIT = timedelta(days=1)
@@ -26,6 +26,10 @@ class RetryPolicy:
     max_attempts: int
     backoff: timedelta
     backoff_max: timedelta
+
+    def exhausted(self, attempt: int) -> bool:
+        """Whether ``attempt`` (1 for the first) was the last one allowed."""
+        return attempt >= self.max_attempts
 
     def delay(self, attempt: int, rng: random.Random) -> timedelta:
         """Exponential backoff with jitter (AWS Architecture Blog, "Exponential

@@ -6,33 +6,26 @@ lease token, the outcome and the error), for ``GET /v1/schedules/{id}/history``.
   increments it), so a long-lived recurring schedule overwrites its oldest
   record instead of growing without bound.
 * Expired after ``HISTORY_RETENTION`` by a TTL index on the record's time.
-* Never on the delivery path: the poller hands records to ``HistoryWriter``,
-  which writes them in batches from its own task. A full queue drops records
-  (counted) rather than slow delivery down; the schedule's own document stays
-  the record of truth for its status.
+* Never on the delivery path: the poller hands records to
+  ``node/delivery/history_writer.py``, which writes them in batches from its
+  own task; the schedule's own document stays the record of truth for its
+  status.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import structlog
 from pymongo import ASCENDING, DESCENDING, InsertOne, ReplaceOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import BulkWriteError
 
-from node.metrics import NodeMetrics
-from node.schedule.times import format_time
-
-log = structlog.get_logger("node.history")
+from node.store.boundary import store_call
 
 TTL_INDEX = "expire"
-QUEUE_LIMIT = 100_000  # records waiting to be written; past it, new ones are dropped
-WRITE_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -64,18 +57,6 @@ class Attempt:
         }
 
 
-def public_record(doc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "at": format_time(doc["at"]),
-        "executeAt": format_time(doc["executeAt"]),
-        "attempt": doc["attempt"],
-        "outcome": doc["outcome"],
-        "node": doc["node"],
-        "token": doc["token"],
-        "error": doc.get("error"),
-    }
-
-
 class HistoryStore:
     def __init__(
         self, collection: AsyncCollection[dict[str, Any]], *, retention: timedelta, cap: int
@@ -84,6 +65,7 @@ class HistoryStore:
         self.retention = retention
         self.cap = cap
 
+    @store_call
     async def prepare(self) -> None:
         await self.collection.create_index(
             [("scheduleId", ASCENDING), ("run", DESCENDING)], name="by_schedule"
@@ -95,6 +77,7 @@ class HistoryStore:
             await self.collection.drop_index(TTL_INDEX)
         await self.collection.create_index("at", name=TTL_INDEX, expireAfterSeconds=seconds)
 
+    @store_call
     async def write(self, attempts: Sequence[Attempt]) -> int:
         """Store the records; returns how many were written.
 
@@ -125,6 +108,7 @@ class HistoryStore:
             )
         return result.inserted_count + result.upserted_count + result.modified_count
 
+    @store_call
     async def of(self, schedule_id: str, limit: int) -> list[dict[str, Any]]:
         """A schedule's records, newest first."""
         return await (
@@ -133,55 +117,3 @@ class HistoryStore:
             .limit(limit)
             .to_list()
         )
-
-
-class HistoryWriter:
-    """Writes history records in the background, in batches."""
-
-    def __init__(self, store: HistoryStore, metrics: NodeMetrics) -> None:
-        self.store = store
-        self.metrics = metrics
-        self._queue: list[Attempt] = []
-        self._ready = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-
-    def add(self, attempts: Sequence[Attempt]) -> None:
-        room = QUEUE_LIMIT - len(self._queue)
-        if room < len(attempts):
-            self.metrics.history_dropped.inc(len(attempts) - max(room, 0))
-            attempts = attempts[: max(room, 0)]
-        self._queue.extend(attempts)
-        if self._queue:
-            self._ready.set()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="history")
-
-    async def close(self) -> None:
-        """Write what is queued (best effort), then stop."""
-        self._closing = True
-        self._ready.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=5.0)
-            except TimeoutError:
-                self._task.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            await self._ready.wait()
-            self._ready.clear()
-            while self._queue:
-                batch, self._queue = self._queue[:WRITE_BATCH], self._queue[WRITE_BATCH:]
-                try:
-                    written = await self.store.write(batch)
-                    self.metrics.history_written.inc(written)
-                    self.metrics.history_dropped.inc(len(batch) - written)
-                except PyMongoError as exc:
-                    # History is not worth a retry loop against a store in
-                    # trouble; the schedules themselves are what must survive.
-                    self.metrics.history_dropped.inc(len(batch))
-                    log.warning("history write failed", records=len(batch), error=str(exc))
-            if self._closing:
-                return

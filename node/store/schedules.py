@@ -15,75 +15,26 @@ Two rules shape it:
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from pymongo import ASCENDING, UpdateMany, UpdateOne, WriteConcern
+from pymongo import ASCENDING, UpdateMany, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from node.delivery.fairness import fair_share
-from node.errors import ApiError, BucketCountMismatch
+from node.errors import BucketCountMismatch, FormatTooNew, NotCancellable, ScheduleConflict
 from node.schedule.model import RECENT_OCCURRENCES, NewSchedule, Status, public_id
-from node.schedule.recurrence import Recurrence
-from node.schedule.retry import RetryPolicy, policy_of
 from node.schedule.times import aware
+from node.store.boundary import DURABLE, store_call
+from node.store.contract import Claimed, Completion, Outcome
+from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
 from node.store.group_insert import GroupInserter
 
 FORMAT_VERSION = 1
-# Journaled on a majority: an acknowledged write survives a crash of the
-# database. Found by the store-crash chaos scenario, which lost a schedule
-# acknowledged just before a SIGKILL of the embedded server under w:1.
-DURABLE = WriteConcern("majority", j=True)
 CLUSTER_DOC_ID = "cluster"
-
-
-@dataclass(frozen=True)
-class IndexSpec:
-    name: str
-    keys: list[tuple[str, int]]
-    only_status: str | None = None  # a partial index over one status
-
-    @property
-    def options(self) -> dict[str, Any]:
-        if self.only_status is None:
-            return {}
-        return {"partialFilterExpression": {"status": self.only_status}}
-
-
-# Every status change rewrites the index entries of the document, so each
-# index holds only the schedules its query looks for: a delivered schedule
-# (the bulk of the collection) sits in the _id and tenant indexes alone, a
-# claim moves a schedule from the two PENDING indexes to the IN_FLIGHT one
-# and completing it takes it out of that (half the index writes of full
-# indexes on status, measured on the embedded server).
-INDEXES = [
-    # The due window: a range over PENDING schedules by due time, with cost
-    # proportional to the window whatever the collection size.
-    IndexSpec("due_pending", [("dueAt", ASCENDING)], Status.PENDING.value),
-    # Per bucket: exact for a node that owns few buckets while the window
-    # holds other nodes' backlog.
-    IndexSpec(
-        "due_pending_by_bucket", [("bucket", ASCENDING), ("dueAt", ASCENDING)], Status.PENDING.value
-    ),
-    # Work a former owner left mid-batch (recover_in_flight).
-    IndexSpec("in_flight", [("status", ASCENDING)], Status.IN_FLIGHT.value),
-    # GET /v1/schedules pages by tenant in _id order; a status filter is
-    # applied to the page, so status changes do not move this entry.
-    IndexSpec("by_tenant_id", [("tenant", ASCENDING), ("_id", ASCENDING)]),
-    # A tenant's PENDING count (its max-pending quota), and its oldest due
-    # work when another tenant's backlog fills the due window (fair polling).
-    IndexSpec(
-        "due_pending_by_tenant", [("tenant", ASCENDING), ("dueAt", ASCENDING)], Status.PENDING.value
-    ),
-]
-# Indexes of earlier versions, dropped at start-up: full indexes on status.
-SUPERSEDED_INDEXES = ("due", "due_by_bucket", "by_tenant")
 # Largest page of the due window read in one round trip.
 MAX_WINDOW_PAGE = 5000
 # Ids per claim or mark statement. The embedded server matches "$in" by
@@ -91,51 +42,9 @@ MAX_WINDOW_PAGE = 5000
 # its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
 # 20 (measured); a real MongoDB does not care either way.
 IDS_PER_STATEMENT = 20
-DEFAULT_MISFIRE_THRESHOLD = timedelta(seconds=60)
 # Tenants asked for their own due work in one round when a backlog fills the
 # window (the poller rotates the list, so with more all are served in turn).
 MAX_TENANTS_PER_ROUND = 32
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A schedule this node now holds IN_FLIGHT under ``token``."""
-
-    doc: dict[str, Any]
-    token: int
-
-    @property
-    def id(self) -> str:
-        return str(self.doc["_id"])
-
-    @property
-    def bucket(self) -> int:
-        return int(self.doc["bucket"])
-
-    @property
-    def run(self) -> int:
-        return int(self.doc.get("runs", 0)) + 1
-
-    @property
-    def recurring(self) -> bool:
-        return bool(self.doc.get("recurrence"))
-
-    @property
-    def attempt(self) -> int:
-        # The claim incremented attempts in the store; the fetched copy is older.
-        return int(self.doc.get("attempts", 0)) + 1
-
-
-@dataclass(frozen=True)
-class Failure:
-    claimed: Claimed
-    error: str
-
-
-@dataclass(frozen=True)
-class FailureOutcome:
-    retried: int
-    failed: list[Claimed]
 
 
 class ScheduleStore:
@@ -145,21 +54,16 @@ class ScheduleStore:
         bucket_count: int,
         *,
         unfenced: bool = False,
-        misfire_threshold: timedelta = DEFAULT_MISFIRE_THRESHOLD,
     ) -> None:
         self.database = database
         # Chaos testing only (CHAOS_MODE=unfenced): owner writes carry no
         # token condition, so the chaos checker can prove it sees the result.
         self.unfenced = unfenced
-        # How late an occurrence of a recurring schedule may run before it
-        # counts as missed (its misfire policy then applies).
-        self.misfire_threshold = misfire_threshold
         self.bucket_count = bucket_count
         self.schedules: AsyncCollection[dict[str, Any]] = database["schedules"]
         self.cluster: AsyncCollection[dict[str, Any]] = database["cluster"].with_options(
             write_concern=DURABLE
         )
-        self._rng = random.Random()
         # What the API acknowledges must survive a crash of the database (and
         # a failover, on a replica set): journaled, on a majority. Claims and
         # marks need not be: losing one only means delivering again.
@@ -168,6 +72,7 @@ class ScheduleStore:
 
     # -- start-up -------------------------------------------------------------
 
+    @store_call
     async def prepare(self, now: datetime) -> None:
         """Pin the bucket count and create indexes; both idempotent."""
         await self._pin_bucket_count(now)
@@ -200,14 +105,16 @@ class ScheduleStore:
                 f"schedules exist: set BUCKETS={existing['buckets']}"
             )
         if existing.get("formatVersion", FORMAT_VERSION) > FORMAT_VERSION:
-            raise BucketCountMismatch(
+            raise FormatTooNew(
                 f"database {self.database.name!r} has format version "
                 f"{existing['formatVersion']}, newer than this node's {FORMAT_VERSION}"
             )
 
+    @store_call
     async def ping(self) -> None:
         await self.database.command("ping")
 
+    @store_call
     async def due_backlog(self, now: datetime) -> dict[int, int]:
         """bucket -> PENDING schedules already due: work not yet delivered.
         Served by the partial due index; its cost grows with the backlog."""
@@ -223,6 +130,7 @@ class ScheduleStore:
 
     # -- the API's reads and writes -------------------------------------------
 
+    @store_call
     async def insert(self, new: NewSchedule, now: datetime) -> tuple[dict[str, Any], bool]:
         """Store a new schedule; returns (document, created).
 
@@ -230,7 +138,7 @@ class ScheduleStore:
         (created False); with another body it is a 409. One insert, so a
         schedule is either wholly stored or not at all.
         """
-        doc = new.to_document(self.bucket_count, now)
+        doc = schedule_document(new, self.bucket_count, now)
         try:  # shares a round trip with concurrent inserts (node/group_insert.py)
             await self._inserts.insert(doc)
             return doc, True
@@ -239,21 +147,22 @@ class ScheduleStore:
                 raise  # a random 128-bit id collided: let it surface, never overwrite
         existing = await self.schedules.find_one({"_id": doc["_id"]})
         if existing is None:  # deleted in between; not something the API does
-            raise ApiError(409, "conflict", f"schedule {new.id!r} changed concurrently", "id")
+            raise ScheduleConflict(f"schedule {new.id!r} changed concurrently", "id")
         if existing.get("fingerprint") != doc["fingerprint"]:
-            raise ApiError(
-                409, "conflict", f"schedule {new.id!r} exists with a different body", "id"
-            )
+            raise ScheduleConflict(f"schedule {new.id!r} exists with a different body", "id")
         return existing, False
 
+    @store_call
     async def count_pending(self, tenant: str) -> int:
         return await self.schedules.count_documents(
             {"tenant": tenant, "status": Status.PENDING.value}
         )
 
+    @store_call
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
         return await self.schedules.find_one({"_id": schedule_id})
 
+    @store_call
     async def cancel(self, schedule_id: str, now: datetime) -> dict[str, Any] | None:
         """PENDING -> CANCELLED in one conditional write.
 
@@ -270,21 +179,18 @@ class ScheduleStore:
             return None
         if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
             if doc.get("recurrence") and doc["status"] == Status.IN_FLIGHT.value:
-                raise ApiError(
-                    409,
-                    "not_cancellable",
+                raise NotCancellable(
                     f"an occurrence of {public_id(schedule_id)!r} is being delivered; "
                     "cancel again in a moment to end the chain",
-                    headers={"Retry-After": "1"},
+                    retry_after=1,
                 )
-            raise ApiError(
-                409,
-                "not_cancellable",
+            raise NotCancellable(
                 f"schedule {public_id(schedule_id)!r} is {doc['status']} "
                 "and can no longer be cancelled",
             )
         return doc
 
+    @store_call
     async def list_page(
         self, *, tenant: str | None, status: str | None, after: str | None, limit: int
     ) -> list[dict[str, Any]]:
@@ -300,6 +206,7 @@ class ScheduleStore:
 
     # -- the bucket owner's reads and writes ----------------------------------
 
+    @store_call
     async def find_due(
         self,
         buckets: Collection[int],
@@ -307,8 +214,9 @@ class ScheduleStore:
         limit: int,
         tenants: Sequence[str] | None = (),
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` PENDING schedules of ``buckets`` due by ``until``,
-        shared fairly among tenants (node/fairness.py), oldest first.
+        """PENDING schedules of ``buckets`` due by ``until``, oldest first: about
+        ``limit`` of them, and with ``tenants`` each tenant's oldest as well,
+        for the poller to share fairly (node/delivery/fairness.py).
 
         Callers pass ``until`` a little past now, so the same query also tells
         them when the next schedule falls due.
@@ -341,8 +249,9 @@ class ScheduleStore:
                 mine += [d for d in rest if d["_id"] not in seen]
         if tenants is None:
             return mine[:limit]
-        return fair_share(mine, limit)
+        return sorted(mine, key=lambda d: aware(d["dueAt"]))
 
+    @store_call
     async def oldest_due_of(
         self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int
     ) -> list[dict[str, Any]]:
@@ -374,6 +283,7 @@ class ScheduleStore:
             .to_list()
         )
 
+    @store_call
     async def claim(
         self, docs: Sequence[dict[str, Any]], tokens: Mapping[int, int], owner: str, now: datetime
     ) -> list[Claimed]:
@@ -425,18 +335,21 @@ class ScheduleStore:
         mine = {h["_id"] for h in held if h.get("token") == tokens[h["bucket"]]}
         return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs if doc["_id"] in mine]
 
-    async def mark_delivered(self, delivered: Sequence[Claimed], now: datetime) -> int:
-        """IN_FLIGHT -> DELIVERED, only where this token still holds it; a
-        recurring schedule moves on to its next occurrence in the same write."""
-        by_token: dict[int, list[str]] = defaultdict(list)  # grouped as in claim
+    @store_call
+    async def complete(self, completions: Sequence[Completion]) -> int:
+        """Write what delivery decided for each claimed schedule, only where its
+        token still holds it (IN_FLIGHT, ``token == mine``); returns how many
+        were written. Completions whose update is the same (one-shot
+        schedules delivered in one round) share an ``UpdateMany`` per token."""
+        same: dict[tuple[int, str], tuple[dict[str, Any], list[str]]] = {}
         ops: list[UpdateMany | UpdateOne] = []
-        for item in delivered:
-            if item.recurring:
-                ops.append(
-                    UpdateOne(self._owned(item), self._next_occurrence(item, "delivered", now))
-                )
+        for completion in completions:
+            update = _update_for(completion)
+            if completion.occurrence is None and completion.due_at is None:
+                key = (completion.claimed.token, repr(update))
+                same.setdefault(key, (update, []))[1].append(completion.claimed.id)
             else:
-                by_token[item.token].append(item.id)
+                ops.append(UpdateOne(self._owned(completion.claimed), update))
         ops.extend(
             UpdateMany(
                 {
@@ -444,9 +357,9 @@ class ScheduleStore:
                     "status": Status.IN_FLIGHT.value,
                     **self._fence("$eq", token),
                 },
-                {"$set": {"status": Status.DELIVERED.value, "deliveredAt": now, "lastError": None}},
+                update,
             )
-            for token, ids in by_token.items()
+            for (token, _), (update, ids) in same.items()
             for chunk in _chunks(ids)
         )
         if not ops:
@@ -454,93 +367,15 @@ class ScheduleStore:
         result = await self.schedules.bulk_write(ops, ordered=False)
         return result.modified_count
 
-    async def skip_occurrences(self, skipped: Sequence[Claimed], now: datetime) -> int:
-        """Recurring schedules under the skip misfire policy whose occurrence
-        is too late: not delivered, on to the next occurrence (fenced)."""
-        ops = [UpdateOne(self._owned(i), self._next_occurrence(i, "skipped", now)) for i in skipped]
-        if not ops:
-            return 0
-        return (await self.schedules.bulk_write(ops, ordered=False)).modified_count
-
-    async def record_failures(
-        self, failures: Sequence[Failure], default: RetryPolicy, now: datetime
-    ) -> FailureOutcome:
-        """Back to PENDING with a later dueAt, or DELIVERY_FAILED past the
-        schedule's retry limit (a recurring one goes on to its next occurrence)."""
-        ops: list[UpdateOne] = []
-        failed: list[Claimed] = []
-        retried = 0
-        for failure in failures:
-            item = failure.claimed
-            policy = policy_of(item.doc, default)
-            if item.attempt >= policy.max_attempts:
-                failed.append(item)
-                if item.recurring:
-                    update = self._next_occurrence(item, "failed", now, failure.error)
-                else:
-                    update = {
-                        "$set": {"status": Status.DELIVERY_FAILED.value, "lastError": failure.error}
-                    }
-            else:
-                retried += 1
-                update = {
-                    "$set": {
-                        "status": Status.PENDING.value,
-                        "dueAt": now + policy.delay(item.attempt, self._rng),
-                        "lastError": failure.error,
-                    }
-                }
-            ops.append(UpdateOne(self._owned(item), update))
-        if ops:
-            await self.schedules.bulk_write(ops, ordered=False)
-        return FailureOutcome(retried=retried, failed=failed)
-
     def _owned(self, item: Claimed) -> dict[str, Any]:
         """The filter of a write completing one claimed schedule."""
         return {"_id": item.id, "status": Status.IN_FLIGHT.value, **self._fence("$eq", item.token)}
-
-    def _next_occurrence(
-        self, item: Claimed, outcome: str, now: datetime, error: str | None = None
-    ) -> dict[str, Any]:
-        """The update completing a recurring schedule's occurrence: the record
-        of this one and the next one, PENDING (or the chain's end), in one
-        write, so a crash can neither lose the chain nor run an occurrence twice
-        on purpose (only the at-least-once repeat of an unmarked publish)."""
-        current = aware(item.doc["executeAt"])
-        advance = Recurrence.from_document(item.doc["recurrence"]).advance(
-            current, now, int(item.doc.get("lateStreak", 0)), self.misfire_threshold
-        )
-        record = {
-            "executeAt": current,
-            "outcome": outcome,
-            "at": now,
-            "attempts": item.attempt,
-            "token": item.token,
-            "error": error,
-        }
-        fields: dict[str, Any] = {"lastError": error, "lateStreak": advance.late_streak}
-        if outcome == "delivered":
-            fields["deliveredAt"] = now
-        if advance.next_at is None:  # the chain is over: its last outcome is its status
-            failed = outcome == "failed"
-            fields["status"] = (Status.DELIVERY_FAILED if failed else Status.DELIVERED).value
-        else:
-            fields.update(
-                status=Status.PENDING.value,
-                executeAt=advance.next_at,
-                dueAt=advance.next_at,
-                attempts=0,
-            )
-        return {
-            "$set": fields,
-            "$inc": {"occurrences": 1, "skippedOccurrences": advance.skipped},
-            "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
-        }
 
     def _fence(self, operator: str, token: int) -> dict[str, Any]:
         """The token condition of an owner write."""
         return {} if self.unfenced else {"token": {operator: token}}
 
+    @store_call
     async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
         """Make schedules left IN_FLIGHT by an older owner of our buckets due again.
 
@@ -579,7 +414,38 @@ def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + IDS_PER_STATEMENT] for i in range(0, len(ids), IDS_PER_STATEMENT)]
 
 
-def utcnow() -> datetime:
-    """Wall-clock now, truncated to what BSON stores."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+def _update_for(completion: Completion) -> dict[str, Any]:
+    """The update that records a completion (its decisions are already made)."""
+    occurrence = completion.occurrence
+    if occurrence is None:
+        fields: dict[str, Any] = {"status": completion.status.value}
+        if completion.outcome == Outcome.DELIVERED:
+            fields["deliveredAt"] = completion.at
+        if completion.due_at is not None:
+            fields["dueAt"] = completion.due_at
+        fields["lastError"] = completion.error
+        return {"$set": fields}
+    # A recurring schedule: the record of this occurrence and the next one
+    # (or the chain's end) in one write, so a crash can neither lose the chain
+    # nor run an occurrence twice on purpose (only the at-least-once repeat of
+    # an unmarked publish).
+    claimed = completion.claimed
+    record = {
+        "executeAt": occurrence.execute_at,
+        "outcome": completion.outcome.value,
+        "at": completion.at,
+        "attempts": claimed.attempt,
+        "token": claimed.token,
+        "error": completion.error,
+    }
+    fields = {"lastError": completion.error, "lateStreak": occurrence.late_streak}
+    if completion.outcome == Outcome.DELIVERED:
+        fields["deliveredAt"] = completion.at
+    fields["status"] = completion.status.value
+    if occurrence.next_at is not None:
+        fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
+    return {
+        "$set": fields,
+        "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped},
+        "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
+    }

@@ -1,19 +1,18 @@
 """Whether a tenant may add these schedules now: its allowed topics, its rate
-and its pending cap (node/quotas.py), checked in that order. Every new
+and its pending cap (``quotas.py``), checked in that order. Every new
 schedule goes through here, one at a time or a batch at once, and each gets
 its own answer, so one refused item of a batch does not refuse the others.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from node.errors import ApiError
+from node.errors import QuotaExceeded, RateLimited, SchedulerError, TopicNotAllowed
 from node.schedule.model import NewSchedule
-from node.tenants.model import TenantDirectory
+from node.tenants.directory import TenantDirectory
 from node.tenants.quotas import PendingQuota, RateLimiter
 
 # A tenant this node accepted work for is served fairly for this long after,
@@ -37,9 +36,9 @@ class Admission:
         self.clock = clock
         self.recent_tenants: dict[str, float] = {}
 
-    async def check(self, schedules: Sequence[NewSchedule]) -> list[ApiError | None]:
+    async def check(self, schedules: Sequence[NewSchedule]) -> list[SchedulerError | None]:
         """One answer per schedule: None to go ahead, else the refusal."""
-        answers: list[ApiError | None] = [None] * len(schedules)
+        answers: list[SchedulerError | None] = [None] * len(schedules)
         by_tenant: dict[str, list[int]] = defaultdict(list)
         for index, new in enumerate(schedules):
             by_tenant[new.tenant].append(index)
@@ -52,31 +51,25 @@ class Admission:
                 if tenant.allows_topic(topic):
                     allowed.append(index)
                 else:
-                    answers[index] = ApiError(
-                        403,
-                        "topic_not_allowed",
+                    answers[index] = TopicNotAllowed(
                         f"tenant {name!r} may publish only to topics starting with "
                         + ", ".join(repr(p) for p in tenant.topic_prefixes),
                         "topic",
                     )
             admitted, retry_after = self.rates.admit(tenant, len(allowed), now, self.alive_nodes())
             for index in allowed[admitted:]:
-                answers[index] = ApiError(
-                    429,
-                    "rate_limited",
+                answers[index] = RateLimited(
                     f"tenant {name!r} is over its rate of {tenant.rate:g} schedules/s",
-                    headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
+                    retry_after=retry_after,
                 )
             room = await self.pending.room(tenant, now)
             if room is None:
                 continue
             for index in allowed[:admitted][room:]:
-                answers[index] = ApiError(
-                    429,
-                    "quota_exceeded",
+                answers[index] = QuotaExceeded(
                     f"tenant {name!r} has its maximum of {tenant.max_pending} pending schedules",
                     # Room appears as schedules fire or are cancelled: no useful hint.
-                    headers={"Retry-After": "1"},
+                    retry_after=1,
                 )
         return answers
 

@@ -1,0 +1,169 @@
+"""The cluster's routes: this node's view (``/v1/cluster``, the backlog, the
+cluster page), the operator's drain, node-to-node wake-up hints, the probes,
+the metrics and the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from node.api.context import CONTEXT, ApiContext, json_response
+from node.api.openapi import document as openapi_document
+from node.errors import ScheduleConflict, ValidationFailed
+from node.schedule.times import parse_time, utcnow
+from ring import parse_version
+
+OPENAPI = openapi_document()
+CLUSTER_PAGE = (resources.files("node.api") / "static" / "cluster.html").read_text(encoding="utf-8")
+# Several open cluster pages cost one backlog query a second, not one each.
+BACKLOG_CACHE_SECONDS = 1.0
+BACKLOG: web.AppKey[Backlog] = web.AppKey("backlog")
+
+
+routes = web.RouteTableDef()
+# Only with CHAOS_MODE on or unfenced: never in production.
+chaos_routes = web.RouteTableDef()
+
+
+async def view_of(context: ApiContext) -> dict[str, Any]:
+    """This node's view: members as gossip sees them, each bucket's lease as
+    stored, and where this node's placement puts it."""
+    leases = await context.lease_store.all()
+    placement = context.ownership
+    return {
+        "self": context.config.node_id,
+        "members": [
+            {
+                "id": m.id,
+                "address": m.address,
+                "state": m.state.label,
+                "incarnation": m.incarnation,
+                "http": dict(m.meta).get("http"),
+                "placementVersion": parse_version(dict(m.meta).get("placement")),
+            }
+            for m in context.members()
+        ],
+        "buckets": {
+            "count": context.config.buckets,
+            "held": len(context.leases.usable()),
+            "wanted": len(placement.wanted),
+            "settled": placement.settled,
+            "placementVersion": placement.placement_version,
+            "owners": [
+                {
+                    "bucket": d["_id"],
+                    "owner": d.get("owner"),
+                    "token": d.get("token", 0),
+                    # where this node's view places it; differs from
+                    # owner only while a hand-over is under way
+                    "placed": placement.owner_of(d["_id"]),
+                }
+                for d in leases
+            ],
+        },
+    }
+
+
+class Backlog:
+    """Due-now schedules per bucket, for the cluster page, cached for a second."""
+
+    def __init__(self) -> None:
+        self._cached: tuple[float, dict[str, Any]] | None = None
+
+    async def get(self, context: ApiContext) -> dict[str, Any]:
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] >= BACKLOG_CACHE_SECONDS:
+            due = await context.store.due_backlog(utcnow())
+            self._cached = (
+                now,
+                {
+                    "at": utcnow().isoformat(),
+                    "total": sum(due.values()),
+                    "dueNow": {str(b): n for b, n in sorted(due.items())},
+                },
+            )
+        return self._cached[1]
+
+
+@routes.post("/v1/internal/wake")
+async def wake(request: web.Request) -> web.Response:
+    """A peer accepted a schedule in one of our buckets, due soon."""
+    context = request.app[CONTEXT]
+    try:
+        body = json.loads(await request.read())
+        bucket = body["bucket"]
+        due_at = parse_time(body["dueAt"], "dueAt")
+    except (ValueError, KeyError, TypeError):
+        raise ValidationFailed('body must be {"bucket": int, "dueAt": time}') from None
+    if not isinstance(bucket, int) or isinstance(bucket, bool):
+        raise ValidationFailed("bucket must be an integer", "bucket")
+    return json_response({"woken": context.wakes.wake(bucket, due_at)}, status=202)
+
+
+@chaos_routes.put("/v1/chaos/partition")
+async def chaos_partition(request: web.Request) -> web.Response:
+    """Chaos mode only: drop gossip to these peer addresses (a partition
+    simulated in process, where network namespaces are unavailable)."""
+    try:
+        blocked = json.loads(await request.read())["blocked"]
+    except (ValueError, KeyError, TypeError):
+        raise ValidationFailed('body must be {"blocked": ["host:port", ...]}') from None
+    if not isinstance(blocked, list) or not all(isinstance(a, str) for a in blocked):
+        raise ValidationFailed("blocked must be a list of host:port strings", "blocked")
+    return json_response({"blocked": request.app[CONTEXT].block_gossip(blocked)})
+
+
+@routes.get("/v1/cluster")
+async def cluster_view(request: web.Request) -> web.Response:
+    return json_response(await view_of(request.app[CONTEXT]))
+
+
+@routes.post("/v1/admin/drain")
+async def drain(request: web.Request) -> web.Response:
+    """Graceful leave without exiting (operators: before maintenance)."""
+    context = request.app[CONTEXT]
+    if not await context.drain():
+        raise ScheduleConflict(f"node is {context.state}, not running: nothing to drain")
+    return json_response({"node": context.config.node_id, "state": context.state})
+
+
+@routes.get("/v1/cluster/backlog")
+async def cluster_backlog(request: web.Request) -> web.Response:
+    return json_response(await request.app[BACKLOG].get(request.app[CONTEXT]))
+
+
+@routes.get("/")
+async def cluster_page(request: web.Request) -> web.Response:
+    """Members, bucket ownership, leases, backlog and lateness, refreshing
+    every second: plain HTML and a small script over the JSON API."""
+    return web.Response(text=CLUSTER_PAGE, content_type="text/html", charset="utf-8")
+
+
+@routes.get("/v1/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(OPENAPI)
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "node": request.app[CONTEXT].config.node_id})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    checks = await request.app[CONTEXT].readiness()
+    ready = all(checks.values())
+    return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    node_metrics = request.app[CONTEXT].metrics
+    return web.Response(
+        body=node_metrics.render(), headers={"Content-Type": node_metrics.content_type}
+    )

@@ -1,0 +1,76 @@
+"""How the API shows what is stored: a schedule, and one attempt of its
+history. The one place a stored document becomes a response body."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from node.schedule.model import Status, public_id
+from node.schedule.recurrence import Recurrence
+from node.schedule.retry import RetryPolicy
+from node.schedule.times import format_time
+
+
+def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
+    live = doc["status"] in {Status.PENDING.value, Status.IN_FLIGHT.value}
+    return {
+        "recurrence": Recurrence.from_document(doc["recurrence"]).to_view(),
+        # executeAt is the occurrence under way or due next; none once ended.
+        "nextExecuteAt": format_time(doc["executeAt"]) if live else None,
+        "occurrences": doc.get("occurrences", 0),
+        "skippedOccurrences": doc.get("skippedOccurrences", 0),
+        "lastOccurrences": [
+            {
+                "executeAt": format_time(o["executeAt"]),
+                "outcome": o["outcome"],
+                "at": format_time(o["at"]),
+                "attempts": o.get("attempts", 0),
+                "error": o.get("error"),
+            }
+            for o in reversed(doc.get("recent") or [])
+        ],
+    }
+
+
+def public_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """The schedule as the API shows it."""
+    view: dict[str, Any] = {
+        "id": public_id(doc["_id"]),
+        "tenant": doc["tenant"],
+        "topic": doc["topic"],
+        "executeAt": format_time(doc["executeAt"]),
+        "bucket": doc["bucket"],
+        "status": doc["status"],
+        "attempts": doc.get("attempts", 0),
+        "deliveredAt": format_time(doc.get("deliveredAt")),
+        "lastError": doc.get("lastError"),
+        "key": doc.get("key"),
+        "headers": doc.get("headers") or {},
+        "createdAt": format_time(doc.get("createdAt")),
+    }
+    if doc["status"] == Status.PENDING.value and doc.get("dueAt") != doc["executeAt"]:
+        view["nextAttemptAt"] = format_time(doc.get("dueAt"))
+    if doc.get("retry"):
+        view["retry"] = RetryPolicy.from_document(doc["retry"]).to_view()
+    if doc.get("recurrence"):
+        view.update(_recurrence_view(doc))
+    payload = bytes(doc.get("payload", b""))
+    if doc.get("payloadFormat") == "json":
+        view["payload"] = json.loads(payload)
+    else:
+        view["payloadBase64"] = base64.b64encode(payload).decode()
+    return view
+
+
+def public_record(doc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "at": format_time(doc["at"]),
+        "executeAt": format_time(doc["executeAt"]),
+        "attempt": doc["attempt"],
+        "outcome": doc["outcome"],
+        "node": doc["node"],
+        "token": doc["token"],
+        "error": doc.get("error"),
+    }

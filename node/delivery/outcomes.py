@@ -1,0 +1,99 @@
+"""What each claimed schedule becomes: the delivery rules, in one place.
+
+Rule 1: every decision about what a claimed schedule becomes (delivered,
+retried at T, DELIVERY_FAILED, its next occurrence, skipped) lives in this
+file. The store writes what these functions return, behind the fence.
+
+Rule 2: no IO and no clock reads; ``now`` is passed in, and so is the
+randomness of the backoff (an ``rng``), so every rule is tested in virtual
+time.
+
+| what happened                     | one-shot            | recurring                          |
+| --------------------------------- | ------------------- | ---------------------------------- |
+| published                         | DELIVERED           | next occurrence PENDING (recorded  |
+|                                   |                     | delivered); DELIVERED at the end   |
+| publish failed, attempts left     | PENDING at now +    | the same occurrence PENDING at     |
+|                                   | backoff             | now + backoff                      |
+| publish failed, no attempts left  | DELIVERY_FAILED     | next occurrence (recorded failed); |
+|                                   |                     | DELIVERY_FAILED at the end         |
+| missed, misfire policy ``skip``   | -                   | next occurrence (recorded skipped) |
+
+Attempts are counted per occurrence; the policy is the schedule's own
+``retry`` or else the node's (``MAX_ATTEMPTS``, ``RETRY_BACKOFF``,
+``RETRY_BACKOFF_MAX``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from node.schedule.model import Status
+from node.schedule.recurrence import Recurrence
+from node.schedule.retry import RetryPolicy, policy_of
+from node.schedule.times import aware
+from node.store.contract import Claimed, Completion, Occurrence, Outcome
+
+
+@dataclass(frozen=True)
+class Rules:
+    retry: RetryPolicy  # the node's policy, for schedules without their own
+    # How late an occurrence of a recurring schedule may run before it counts
+    # as missed and its misfire policy applies (MISFIRE_THRESHOLD).
+    misfire_threshold: timedelta
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    def should_skip(self, claimed: Claimed, now: datetime) -> bool:
+        """An occurrence too late to publish under the ``skip`` misfire policy."""
+        return claimed.recurring and _recurrence(claimed).should_skip(
+            aware(claimed.doc["executeAt"]), now, self.misfire_threshold
+        )
+
+    def exhausted(self, claimed: Claimed) -> bool:
+        """Whether this attempt was the last its retry policy allows."""
+        return policy_of(claimed.doc, self.retry).exhausted(claimed.attempt)
+
+    def delivered(self, claimed: Claimed, now: datetime) -> Completion:
+        if claimed.recurring:
+            return self._next_occurrence(claimed, Outcome.DELIVERED, now)
+        return Completion(claimed, Outcome.DELIVERED, Status.DELIVERED, now)
+
+    def skipped(self, claimed: Claimed, now: datetime) -> Completion:
+        return self._next_occurrence(claimed, Outcome.SKIPPED, now)
+
+    def failed(self, claimed: Claimed, error: str, now: datetime) -> Completion:
+        """A failed publish: retried after a backoff, or final past the limit."""
+        policy = policy_of(claimed.doc, self.retry)
+        if not policy.exhausted(claimed.attempt):
+            due_at = now + policy.delay(claimed.attempt, self.rng)
+            return Completion(
+                claimed, Outcome.RETRYING, Status.PENDING, now, error=error, due_at=due_at
+            )
+        if claimed.recurring:
+            return self._next_occurrence(claimed, Outcome.FAILED, now, error)
+        return Completion(claimed, Outcome.FAILED, Status.DELIVERY_FAILED, now, error=error)
+
+    def _next_occurrence(
+        self, claimed: Claimed, outcome: Outcome, now: datetime, error: str | None = None
+    ) -> Completion:
+        """An occurrence is over: record it, and move the chain to its next
+        occurrence (under its misfire policy) or end it."""
+        current = aware(claimed.doc["executeAt"])
+        late_streak = int(claimed.doc.get("lateStreak", 0))
+        advance = _recurrence(claimed).advance(current, now, late_streak, self.misfire_threshold)
+        if advance.next_at is not None:
+            status = Status.PENDING
+        else:  # the chain is over: its last outcome is its status
+            status = Status.DELIVERY_FAILED if outcome == Outcome.FAILED else Status.DELIVERED
+        occurrence = Occurrence(
+            execute_at=current,
+            next_at=advance.next_at,
+            late_streak=advance.late_streak,
+            skipped=advance.skipped,
+        )
+        return Completion(claimed, outcome, status, now, error=error, occurrence=occurrence)
+
+
+def _recurrence(claimed: Claimed) -> Recurrence:
+    return Recurrence.from_document(claimed.doc["recurrence"])

@@ -1,0 +1,38 @@
+"""The Kafka record a schedule becomes (DESIGN.md "Kafka record").
+
+key = the schedule's key or its id; value = the payload bytes; headers carry
+schedule-id, execute-at, fence-token, tenant and attempt (so a consumer can
+drop repeats) followed by the caller's headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from node.schedule.model import public_id
+from node.schedule.times import format_time
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
+    schedule_id = public_id(str(doc["_id"]))
+    headers: list[tuple[str, bytes]] = [
+        ("schedule-id", schedule_id.encode()),
+        ("execute-at", (format_time(doc["executeAt"]) or "").encode()),
+        ("fence-token", str(token).encode()),
+        ("tenant", str(doc["tenant"]).encode()),
+        ("attempt", str(attempt).encode()),
+    ]
+    headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
+    key = doc.get("key") or schedule_id
+    return Record(
+        topic=doc["topic"], key=str(key).encode(), value=bytes(doc["payload"]), headers=headers
+    )
