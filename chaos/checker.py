@@ -4,14 +4,33 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
 * lost: accepted, not cancelled, never delivered;
 * early: delivered before its executeAt;
 * cancelled but delivered: a DELETE that answered 200 and a record anyway;
-* duplicates: delivered more than once; each must be explained by a change
-  of fencing token (a new owner took over) or a later attempt of the same
-  owner, never by two copies under one (token, attempt): that would be two
-  owners claiming with one token, which the fence exists to prevent. One
-  exception is explained: copies on both sides of a database crash. Claims
-  and completions are acknowledged before they are journaled (losing one
-  only means delivering again), so the owner may claim the same schedule
-  again with the same token and attempt number;
+* duplicates: delivered more than once. Each duplicated unit gets one kind,
+  with the copies and the fault that explain it as evidence:
+
+  - ``owner_change``: copies under different fencing tokens. A new owner
+    delivered again what the old one had in flight when it died, slept or
+    lost its lease;
+  - ``retried_publish``: one token, different attempts. The owner's publish
+    was reported failed (timed out) though the broker had stored it, or its
+    completion write was lost, and it published again on a later attempt;
+  - ``across_store_crash``: one (token, attempt), the copies on both sides
+    of a database crash. Claims and completions are acknowledged before
+    they are journaled (losing one only means delivering again), so after
+    the crash the owner claims the same schedule again with the same token
+    and attempt number;
+  - ``producer_retry``: one (token, attempt), copies with the same value
+    digest and the same record timestamp, that timestamp inside a broker
+    fault (paused, crashed or cut off). The producer resent a request whose
+    first copy the stalled broker appended after all: the resend carries the
+    very batch, CreateTime included, and the embedded broker has no
+    idempotent producer to drop it. A second publish would have taken a new
+    timestamp when it was sent;
+  - ``same_claim``: anything else under one (token, attempt): two owners
+    claiming with one token, which the fence exists to prevent. A failure.
+
+  A unit with repeats of several kinds counts once, as the kind that needs
+  the most evidence (``KINDS``, last wins): a same-claim repeat is never
+  hidden by an owner change of the same unit;
 * stale claims: a delivery under token t of a schedule that fell due after
   a newer token t' of its bucket had already delivered something. Claims
   take only due schedules, so t claimed it while t' held the bucket: two
@@ -32,8 +51,8 @@ occurrence nobody expected (off the chain's grid, or past its end) is an
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +67,18 @@ OCCURRENCE = "@"
 # (the same host here): anything sooner than this before executeAt is early.
 EARLY_TOLERANCE = 0.002
 
+# The kinds of duplicate (see the module docstring), in the order of the
+# evidence each needs: a unit with repeats of several kinds is counted as
+# the last of them, so the one that fails a run is never hidden.
+OWNER_CHANGE = "owner_change"
+RETRIED_PUBLISH = "retried_publish"
+ACROSS_STORE_CRASH = "across_store_crash"
+PRODUCER_RETRY = "producer_retry"
+SAME_CLAIM = "same_claim"
+KINDS = (OWNER_CHANGE, RETRIED_PUBLISH, ACROSS_STORE_CRASH, PRODUCER_RETRY, SAME_CLAIM)
+# Duplicated units listed with their copies in a result, failures first.
+EXPLAINED_LIMIT = 50
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -55,6 +86,12 @@ class Delivery:
     token: int
     attempt: int
     at: float  # epoch seconds (the Kafka record timestamp)
+    # What the record carried and where the broker put it: the evidence that
+    # tells a producer's resend of one batch from a second publish. None
+    # when not recorded (such a repeat is never explained as a resend).
+    digest: str | None = None  # of the record value
+    partition: int | None = None
+    offset: int | None = None
 
     @property
     def schedule(self) -> str:
@@ -72,6 +109,38 @@ class Window:
     start: float  # epoch seconds
     end: float
 
+    def holds(self, at: float) -> bool:
+        return self.start <= at <= self.end
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A unit delivered more than once, the kind of its repeat, and the
+    label of the fault that explains it (producer_retry, across_store_crash)."""
+
+    unit: str
+    kind: str
+    window: str | None
+    copies: tuple[Delivery, ...]  # in timestamp order
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.unit,
+            "kind": self.kind,
+            "window": self.window,
+            "copies": [
+                {
+                    "token": c.token,
+                    "attempt": c.attempt,
+                    "at": round(c.at, 3),
+                    "digest": c.digest,
+                    "partition": c.partition,
+                    "offset": c.offset,
+                }
+                for c in self.copies
+            ],
+        }
+
 
 def check(
     accepted: Mapping[str, float],
@@ -81,27 +150,31 @@ def check(
     *,
     buckets: int = 256,
     kept: set[str] | None = None,
-    store_crashes: Sequence[float] = (),
+    store_crashes: Sequence[float | Window] = (),
+    broker_faults: Sequence[Window] = (),
 ) -> dict[str, Any]:
     """``accepted``: schedule id -> executeAt (epoch seconds); ``buckets``:
     the cluster's bucket count, to tell each schedule's bucket; ``kept``:
     the ids a fresh reader found in the topic at the end (None: not read);
-    ``store_crashes``: when the database was killed (epoch seconds)."""
+    ``store_crashes``: when the database was killed (epoch seconds, or a
+    window whose start is the kill and whose label names it);
+    ``broker_faults``: the windows of the broker's pauses, crashes and cuts,
+    inside which a producer may have resent a batch the broker had stored."""
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
     lost = sorted(set(accepted) - cancelled - set(by_id))
     cancelled_delivered = sorted(cancelled & set(by_id))
-    duplicates = {i: d for i, d in by_id.items() if len(d) > 1}
-    repeated = {
-        i: d for i, d in duplicates.items() if len({(x.token, x.attempt) for x in d}) < len(d)
-    }
-    across_crash = sorted(
-        i
-        for i, d in repeated.items()
-        if any(min(x.at for x in d) <= crash <= max(x.at for x in d) for crash in store_crashes)
-    )
-    same_claim = sorted(set(repeated) - set(across_crash))
+    crashes = [_as_window(crash) for crash in store_crashes]
+    duplicates = [
+        _explain(unit, copies, broker_faults, crashes)
+        for unit, copies in sorted(by_id.items())
+        if len(copies) > 1
+    ]
+    by_kind = Counter(d.kind for d in duplicates)
+    same_claim = [d.unit for d in duplicates if d.kind == SAME_CLAIM]
+    # Failures first, then the kinds that needed a fault to explain them.
+    listed = sorted(duplicates, key=lambda d: (-KINDS.index(d.kind), d.unit))
     lateness: list[tuple[float, float]] = []  # (executeAt, lateness)
     early: list[str] = []
     for schedule_id, execute_at in accepted.items():
@@ -121,8 +194,10 @@ def check(
         **_counted("cancelled_delivered", cancelled_delivered),
         **_counted("early", sorted(early)),
         "duplicates": len(duplicates),
+        "duplicates_by_kind": {kind: by_kind[kind] for kind in KINDS},
+        "duplicates_explained": [d.as_dict() for d in listed[:EXPLAINED_LIMIT]],
         **_counted("duplicates_same_claim", same_claim),
-        "duplicates_across_store_crash": len(across_crash),
+        "duplicates_across_store_crash": by_kind[ACROSS_STORE_CRASH],
         **_counted("vanished", vanished),
         **_counted("stale_claims", stale),
         "unknown_deliveries": len(set(by_id) - set(accepted)),
@@ -160,6 +235,63 @@ def passed(result: Mapping[str, Any]) -> bool:
             "unexpected_occurrences",
         )
     )
+
+
+def _explain(
+    unit: str,
+    copies: Sequence[Delivery],
+    broker_faults: Sequence[Window],
+    store_crashes: Sequence[Window],
+) -> Duplicate:
+    """The kind of one unit's repeat: each claim (token, attempt) delivered
+    more than once is judged on its own; without one, the copies differ in
+    token (a new owner) or only in attempt (the same owner again)."""
+    claims: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
+    for copy in copies:
+        claims[(copy.token, copy.attempt)].append(copy)
+    found = [
+        finding
+        for claim in claims.values()
+        if len(claim) > 1
+        for finding in _one_claim(claim, broker_faults, store_crashes)
+    ]
+    if not found:
+        tokens = {c.token for c in copies}
+        found = [(RETRIED_PUBLISH if len(tokens) < len(copies) else OWNER_CHANGE, None)]
+    kind, window = max(found, key=lambda finding: KINDS.index(finding[0]))
+    return Duplicate(unit, kind, window, tuple(sorted(copies, key=lambda c: c.at)))
+
+
+def _one_claim(
+    claim: Sequence[Delivery],
+    broker_faults: Sequence[Window],
+    store_crashes: Sequence[Window],
+) -> Iterable[tuple[str, str | None]]:
+    """What explains several copies under one (token, attempt): a kind and
+    the fault's label for each repeat found."""
+    # One send is one batch: its copies share the value and the CreateTime
+    # the producer stamped when it made the batch (not when it sent it).
+    sends: dict[tuple[float, str | None], int] = Counter((c.at, c.digest) for c in claim)
+    for (at, digest), copies in sends.items():
+        if copies > 1:
+            fault = _first(w for w in broker_faults if w.holds(at)) if digest else None
+            yield (PRODUCER_RETRY, fault.label) if fault else (SAME_CLAIM, None)
+    if len(sends) > 1:
+        # Separate sends of one claim: the claim was made again, which a
+        # database crash between them explains (its acknowledgement was lost).
+        first, last = min(at for at, _ in sends), max(at for at, _ in sends)
+        crash = _first(c for c in store_crashes if first <= c.start <= last)
+        yield (ACROSS_STORE_CRASH, crash.label) if crash else (SAME_CLAIM, None)
+
+
+def _first(windows: Iterable[Window]) -> Window | None:
+    return next(iter(windows), None)
+
+
+def _as_window(crash: float | Window) -> Window:
+    if isinstance(crash, Window):
+        return crash
+    return Window(f"database crash at {crash:.3f}", crash, crash)
 
 
 def _counted(name: str, ids: list[str]) -> dict[str, Any]:

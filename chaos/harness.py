@@ -5,14 +5,15 @@ until the broker stores a record."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Container
 from datetime import datetime
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from chaos.checker import occurrence
+from chaos.checker import Delivery, occurrence
 from node.ops.tail import topic_consumer
 
 
@@ -28,6 +29,10 @@ class Recorder:
     def __init__(self, bootstrap: str, topic: str, recurring: Container[str] = ()) -> None:
         self.consumer = topic_consumer(bootstrap, topic)
         self.recurring = recurring
+        # Each record with the evidence the checker weighs a duplicate by
+        # (value digest, partition, offset) ...
+        self.deliveries: list[Delivery] = []
+        # ... and as the plain tuple chaos/rebalance.py unpacks.
         self.records: list[tuple[str, int, int, float]] = []  # unit, token, attempt, at
         self._task: asyncio.Task[None] | None = None
 
@@ -40,18 +45,27 @@ class Recorder:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
             for part in batch.values():
                 for record in part:
-                    headers = dict(record.headers)
-                    unit = headers["schedule-id"].decode()
-                    if unit in self.recurring:
-                        unit = occurrence(unit, headers["execute-at"].decode())
+                    delivery = self._delivery(record)
+                    self.deliveries.append(delivery)
                     self.records.append(
-                        (
-                            unit,
-                            int(headers["fence-token"]),
-                            int(headers["attempt"]),
-                            record.timestamp / 1000,
-                        )
+                        (delivery.schedule_id, delivery.token, delivery.attempt, delivery.at)
                     )
+
+    def _delivery(self, record: ConsumerRecord[bytes, bytes]) -> Delivery:
+        headers = dict(record.headers)
+        unit = headers["schedule-id"].decode()
+        if unit in self.recurring:
+            unit = occurrence(unit, headers["execute-at"].decode())
+        return Delivery(
+            unit,
+            int(headers["fence-token"]),
+            int(headers["attempt"]),
+            record.timestamp / 1000,
+            # Equal for a producer's resend of one batch: the bytes it sent twice.
+            digest=hashlib.blake2b(record.value or b"", digest_size=8).hexdigest(),
+            partition=record.partition,
+            offset=record.offset,
+        )
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -48,6 +48,10 @@ def render_html(result: dict[str, Any]) -> str:
             f"{result['duplicates']} ({result['duplicates_same_claim']}; "
             f"{result['duplicates_across_store_crash']})",
         ),
+        (
+            "duplicates by kind",
+            ", ".join(f"{k} {n}" for k, n in result.get("duplicates_by_kind", {}).items()),
+        ),
         ("stale claims (two owners at once)", result["stale_claims"]),
         ("gone from the topic by the end", result["vanished"]),
         ("unexpected occurrences (a chain doubled or drifted)", result["unexpected_occurrences"]),

@@ -240,6 +240,21 @@ SETTINGS: tuple[Setting, ...] = (
         help="comma-separated Kafka bootstrap servers",
     ),
     Setting(
+        attr="kafka_idempotence",
+        env="KAFKA_IDEMPOTENCE",
+        flag="--kafka-idempotence",
+        default="auto",
+        parse=_parse_choice("auto", "on", "off"),
+        # Without idempotence a producer retry (a stalled broker appends a
+        # request the producer then sends again) publishes a record twice
+        # under one claim; with it, the broker drops the copy. auto: on where
+        # the broker grants it (any Kafka since 0.11), off where it refuses
+        # (the embedded broker), said loudly in the log, /readyz and
+        # scheduler_producer_idempotent.
+        help="auto: an idempotent producer where the broker grants one, else without "
+        "(logged, shown in /readyz); on: refuse to start without one; off: never",
+    ),
+    Setting(
         attr="buckets",
         env="BUCKETS",
         flag="--buckets",
@@ -427,6 +442,7 @@ class NodeConfig:
     mongo_uri: str
     mongo_database: str
     kafka_bootstrap: tuple[str, ...]
+    kafka_idempotence: str = "auto"
     buckets: int
     lease_ttl: float
     poll_interval: float

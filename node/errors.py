@@ -133,12 +133,20 @@ class BrokerUnavailable(SchedulerError, code="broker_unavailable", retriable=Tru
 # -- refusing to start ------------------------------------------------------------
 
 
-class BucketCountMismatch(SchedulerError, code="bucket_count_mismatch"):
+class CannotStart(SchedulerError, code="cannot_start"):
+    """The node must not run as configured; the message says what to change."""
+
+
+class BucketCountMismatch(CannotStart, code="bucket_count_mismatch"):
     """The database was created with another bucket count; refusing to start."""
 
 
-class FormatTooNew(BucketCountMismatch, code="format_too_new"):
+class FormatTooNew(CannotStart, code="format_too_new"):
     """The database was written by a newer release; refusing to start."""
+
+
+class IdempotenceRefused(CannotStart, code="idempotence_refused"):
+    """KAFKA_IDEMPOTENCE=on, and the broker refused an idempotent producer."""
 
 
 class TenantError(SchedulerError, code="tenant_error"):

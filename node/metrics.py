@@ -157,6 +157,12 @@ class NodeMetrics:
         self.history_written = Counter(
             "scheduler_history_written_total", "Execution history records written", registry=r
         )
+        self.producer_idempotent = Gauge(
+            "scheduler_producer_idempotent",
+            "1 when the Kafka producer is idempotent (a producer retry cannot publish a "
+            "record twice), 0 when the broker refused it or KAFKA_IDEMPOTENCE is off",
+            registry=r,
+        )
         self.history_dropped = Counter(
             "scheduler_history_dropped_total",
             "Execution history records not written (queue full or store error)",

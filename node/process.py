@@ -39,7 +39,7 @@ from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
 from node.delivery.publisher import KafkaPublisher
 from node.delivery.stalls import StallMeter
-from node.errors import BucketCountMismatch, SchedulerError, StoreUnavailable
+from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
 from node.schedule.retry import RetryPolicy
@@ -131,7 +131,9 @@ class Node:
             PendingQuota(self.store.count_pending),
             alive_nodes=lambda: len(self._alive_members()),
         )
-        self.publisher = KafkaPublisher(config.kafka_bootstrap, client_id=config.node_id)
+        self.publisher = KafkaPublisher(
+            config.kafka_bootstrap, client_id=config.node_id, idempotence=config.kafka_idempotence
+        )
         self.history = HistoryStore(
             database["history"],
             retention=timedelta(seconds=config.history_retention),
@@ -193,7 +195,7 @@ class Node:
 
     async def start(self, stopping: asyncio.Event | None = None) -> bool:
         """Start everything; returns False if ``stopping`` was set while waiting
-        for the store or broker. Raises BucketCountMismatch (fatal)."""
+        for the store or broker. Raises CannotStart (fatal)."""
         self._move("start")
         self._stall_task = asyncio.create_task(self.stalls.run(), name="stalls")
         stopping = stopping or asyncio.Event()
@@ -201,6 +203,7 @@ class Node:
             return False
         if not await self._retry_until_ready("broker", self.publisher.start, stopping):
             return False
+        self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
         host, port = self.config.http_bind
@@ -300,7 +303,7 @@ class Node:
                 return True
             except SchedulerError as exc:
                 if not exc.retriable:
-                    raise  # BucketCountMismatch, FormatTooNew: fatal
+                    raise  # CannotStart: the configuration must change
                 log.warning(f"waiting for the {what}", error=str(exc), retry_in=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=delay)
@@ -369,6 +372,16 @@ class Node:
 
     # -- views ----------------------------------------------------------------
 
+    def producer(self) -> dict[str, Any]:
+        """How the Kafka producer runs (KAFKA_IDEMPOTENCE and what the broker granted)."""
+        info: dict[str, Any] = {
+            "idempotence": self.config.kafka_idempotence,
+            "idempotent": self.publisher.idempotent,
+        }
+        if self.publisher.refusal:
+            info["refused"] = self.publisher.refusal
+        return info
+
     async def readiness(self) -> dict[str, bool]:
         store_ok = True
         try:
@@ -393,7 +406,7 @@ async def serve(config: NodeConfig) -> int:
     node = Node(config)
     try:
         started = await node.start(stopping)
-    except BucketCountMismatch as exc:
+    except CannotStart as exc:
         log.error("refusing to start", error=str(exc))
         await node.client.close()
         return 2

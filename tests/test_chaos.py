@@ -11,6 +11,7 @@ import pytest
 
 from chaos.checker import Delivery, Window, check, occurrence, passed
 from chaos.report import render_html
+from chaos.runner import render
 from chaos.scenario import ScenarioError, available, load, parse
 from ring import bucket_for
 
@@ -168,6 +169,208 @@ def test_one_claim_delivered_on_both_sides_of_a_database_crash_is_explained() ->
     assert (result["duplicates_across_store_crash"], result["duplicates_same_claim"]) == (1, 0)
     # A crash before both copies explains nothing.
     assert not passed(check({"c": 100.0}, set(), twice, store_crashes=[99.0]))
+
+
+# -- duplicates, told apart by kind ----------------------------------------------
+
+# A broker paused at 121 s for 10 s: its window runs to the end of the
+# recovery allowance, as the runner draws it.
+PAUSE = Window("pause the broker for 10 s", 120.0, 151.0)
+
+
+def kind_of(result: dict[str, Any], unit: str) -> tuple[str, str | None]:
+    [entry] = [e for e in result["duplicates_explained"] if e["id"] == unit]
+    return entry["kind"], entry["window"]
+
+
+def test_copies_under_different_tokens_are_an_owner_change() -> None:
+    copies = [Delivery("a", 3, 1, 100.1), Delivery("a", 4, 2, 110.0)]
+    result = check({"a": 100.0}, set(), copies)
+    assert passed(result)
+    assert result["duplicates_by_kind"]["owner_change"] == result["duplicates"] == 1
+    assert kind_of(result, "a") == ("owner_change", None)
+
+
+def test_later_attempts_of_one_owner_are_a_retried_publish() -> None:
+    copies = [Delivery("b", 3, 1, 100.1), Delivery("b", 3, 2, 102.0)]
+    result = check({"b": 100.0}, set(), copies)
+    assert passed(result)
+    assert result["duplicates_by_kind"]["retried_publish"] == 1
+    assert kind_of(result, "b") == ("retried_publish", None)
+
+
+def test_one_claim_across_a_database_crash_is_explained_by_that_crash() -> None:
+    crash = Window("crash the store for 5 s", 101.0, 106.0)
+    twice = [Delivery("c", 5, 1, 100.1, "d1"), Delivery("c", 5, 1, 107.0, "d1")]
+    result = check({"c": 100.0}, set(), twice, store_crashes=[crash])
+    assert passed(result)
+    assert result["duplicates_by_kind"]["across_store_crash"] == 1
+    assert kind_of(result, "c") == ("across_store_crash", "crash the store for 5 s")
+    # Both copies after the crash: the crash explains neither.
+    later = [Delivery("c", 5, 1, 107.0, "d1"), Delivery("c", 5, 1, 108.0, "d1")]
+    result = check({"c": 100.0}, set(), later, store_crashes=[crash])
+    assert not passed(result)
+    assert kind_of(result, "c") == ("same_claim", None)
+
+
+def test_a_batch_resent_inside_a_broker_fault_is_a_producer_retry() -> None:
+    # The broker stored the first copy after the producer had given up on
+    # the request; the resend carries the very batch, CreateTime included.
+    sent = Delivery("p", 5, 1, 125.123, "9f2c", partition=0, offset=40)
+    again = Delivery("p", 5, 1, 125.123, "9f2c", partition=0, offset=57)
+    result = check({"p": 125.0}, set(), [sent, again], broker_faults=[PAUSE])
+    assert passed(result)
+    assert (result["duplicates_same_claim"], result["duplicates_by_kind"]["producer_retry"]) == (
+        0,
+        1,
+    )
+    assert kind_of(result, "p") == ("producer_retry", "pause the broker for 10 s")
+
+
+@pytest.mark.parametrize(
+    ("broker_faults", "windows"),
+    [
+        ((), ()),  # no broker fault in the run
+        ((PAUSE,), ()),  # the resend's timestamp is after the pause's window
+        ((), (Window("kill node-2", 150.0, 170.0),)),  # a fault, but not the broker's
+    ],
+)
+def test_the_same_batch_twice_outside_every_broker_fault_fails_the_run(
+    broker_faults: tuple[Window, ...], windows: tuple[Window, ...]
+) -> None:
+    twice = [Delivery("p", 5, 1, 160.0, "9f2c", 0, 40), Delivery("p", 5, 1, 160.0, "9f2c", 0, 41)]
+    result = check({"p": 160.0}, set(), twice, windows, broker_faults=broker_faults)
+    assert not passed(result)
+    assert result["duplicates_same_claim_ids"] == ["p"]
+    assert result["duplicates_by_kind"]["producer_retry"] == 0
+    assert kind_of(result, "p") == ("same_claim", None)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        Delivery("p", 5, 1, 125.123, "77aa", 0, 57),  # another value
+        Delivery("p", 5, 1, 125.124, "9f2c", 0, 57),  # stamped a millisecond later: sent anew
+        Delivery("p", 5, 1, 125.123, None, 0, 57),  # no digest recorded: nothing proves it
+    ],
+    ids=["other-digest", "other-timestamp", "no-digest"],
+)
+def test_a_repeat_inside_a_broker_fault_that_is_not_the_same_batch_fails_the_run(
+    second: Delivery,
+) -> None:
+    first = Delivery("p", 5, 1, 125.123, "9f2c", 0, 40)
+    result = check({"p": 125.0}, set(), [first, second], broker_faults=[PAUSE])
+    assert not passed(result)
+    assert result["duplicates_same_claim_ids"] == ["p"]
+    assert kind_of(result, "p") == ("same_claim", None)
+
+
+def test_copies_recorded_without_a_digest_are_never_a_producer_retry() -> None:
+    # Same token, attempt and timestamp inside a pause, but nothing shows
+    # the value was the same: not proved a resend.
+    twice = [Delivery("p", 5, 1, 125.123), Delivery("p", 5, 1, 125.123)]
+    result = check({"p": 125.0}, set(), twice, broker_faults=[PAUSE])
+    assert not passed(result)
+    assert kind_of(result, "p") == ("same_claim", None)
+
+
+def test_a_producer_retry_does_not_hide_another_send_of_the_same_claim() -> None:
+    # A resend inside the pause, and a third copy of that claim stamped
+    # later with no database crash between: one claim published twice.
+    copies = [
+        Delivery("p", 5, 1, 125.5, "9f2c"),
+        Delivery("p", 5, 1, 125.5, "9f2c"),
+        Delivery("p", 5, 1, 126.0, "9f2c"),
+    ]
+    result = check({"p": 125.0}, set(), copies, broker_faults=[PAUSE])
+    assert not passed(result)
+    assert kind_of(result, "p") == ("same_claim", None)
+
+
+def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
+    later = Delivery("p", 6, 2, 140.0, "9f2c", partition=1, offset=3)  # the next owner's
+    sent = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=40)
+    again = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=57)
+    result = check({"p": 125.0}, set(), [later, sent, again], broker_faults=[PAUSE])
+    copy = {"token": 5, "attempt": 1, "at": 125.123, "digest": "9f2c", "partition": 0}
+    assert result["duplicates_explained"] == [
+        {
+            "id": "p",
+            "kind": "producer_retry",
+            "window": "pause the broker for 10 s",
+            "copies": [
+                {**copy, "offset": 40},
+                {**copy, "offset": 57},
+                {
+                    "token": 6,
+                    "attempt": 2,
+                    "at": 140.0,
+                    "digest": "9f2c",
+                    "partition": 1,
+                    "offset": 3,
+                },
+            ],
+        }
+    ]
+
+
+def test_a_unit_repeated_in_several_ways_counts_once_as_its_least_explained_repeat() -> None:
+    # A same-claim repeat is not hidden by an owner change of the same unit.
+    mixed = [Delivery("m", 5, 1, 100.1), Delivery("m", 5, 1, 100.2), Delivery("m", 6, 1, 110.0)]
+    # An owner change after a producer retry: both explained, counted once.
+    retried = [
+        Delivery("r", 5, 1, 125.5, "9f2c"),
+        Delivery("r", 5, 1, 125.5, "9f2c"),
+        Delivery("r", 6, 2, 140.0, "9f2c"),
+    ]
+    result = check({"m": 100.0, "r": 125.0}, set(), [*mixed, *retried], broker_faults=[PAUSE])
+    assert not passed(result)
+    assert result["duplicates_same_claim_ids"] == ["m"]
+    assert kind_of(result, "r") == ("producer_retry", PAUSE.label)
+    assert sum(result["duplicates_by_kind"].values()) == result["duplicates"] == 2
+
+
+def test_the_explained_duplicates_list_failures_first_and_stop_at_fifty() -> None:
+    units = [f"u{i:02}" for i in range(60)]
+    deliveries = [Delivery(u, t, t, 100.1 + t) for u in units for t in (1, 2)]
+    deliveries += [Delivery("zz", 1, 1, 100.1), Delivery("zz", 1, 1, 100.2)]
+    result = check({u: 100.0 for u in [*units, "zz"]}, set(), deliveries)
+    assert result["duplicates"] == 61
+    assert result["duplicates_by_kind"] == {
+        "owner_change": 60,
+        "retried_publish": 0,
+        "across_store_crash": 0,
+        "producer_retry": 0,
+        "same_claim": 1,
+    }
+    explained = result["duplicates_explained"]
+    assert len(explained) == 50
+    assert explained[0]["id"] == "zz"
+    assert [e["id"] for e in explained[1:3]] == ["u00", "u01"]
+
+
+def test_the_summary_prints_the_kinds_and_a_line_per_duplicate_up_to_twenty() -> None:
+    units = [f"u{i:02}" for i in range(25)]
+    deliveries = [Delivery(u, t, 1, 1000.1 + t, "9f2c", 0, t) for u in units for t in (1, 2)]
+    result = check({u: 1000.0 for u in units}, set(), deliveries)
+    result.update(
+        scenario="s",
+        seed=1,
+        unfenced=False,
+        refused=0,
+        chains=0,
+        network="loopback",
+        events=[],
+        refusals={},
+        started=995.0,
+        passed=passed(result),
+    )
+    text = render(result)
+    assert "duplicates 25 (owner_change 25, retried_publish 0, across_store_crash 0" in text
+    lines = [line for line in text.splitlines() if ": owner_change: " in line]
+    assert len(lines) == 20
+    assert lines[0] == "  u00: owner_change: t1/a1 at 6.100 s #9f2c 0:1; t2/a1 at 7.100 s #9f2c 0:2"
+    assert "  ... 5 more duplicated units (summary.json lists 25)" in text
 
 
 def test_a_record_gone_from_the_topic_at_the_end_vanished() -> None:

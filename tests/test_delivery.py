@@ -201,6 +201,9 @@ class FailingPublisher(KafkaPublisher):
     async def reachable(self) -> bool:
         return await self.inner.reachable()
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # idempotent, refusal: the real producer's
+
     async def publish(self, records: Sequence[Record]) -> list[BaseException | None]:
         results: list[BaseException | None] = [None] * len(records)
         passed = []

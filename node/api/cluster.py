@@ -156,9 +156,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
-    checks = await request.app[CONTEXT].readiness()
+    context = request.app[CONTEXT]
+    checks = await context.readiness()
     ready = all(checks.values())
-    return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body = {"ready": ready, "checks": checks, "producer": context.producer()}
+    return json_response(body, status=200 if ready else 503)
 
 
 @routes.get("/metrics")

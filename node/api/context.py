@@ -83,6 +83,9 @@ class ApiContext(Protocol):
     async def readiness(self) -> dict[str, bool]:
         """Each readiness check by name; ready when all are true."""
 
+    def producer(self) -> dict[str, Any]:
+        """How the Kafka producer runs: idempotent or not, and why not."""
+
     async def drain(self) -> bool:
         """Hand every lease over and leave the cluster, the API still answering;
         False when the node is not running."""

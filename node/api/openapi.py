@@ -475,6 +475,8 @@ PATHS: dict[str, Any] = {
     "/readyz": {
         "get": {
             "summary": "Readiness: started, gossiping, store and broker reachable",
+            "description": "checks: one boolean per part, ready when all are true; producer: "
+            "KAFKA_IDEMPOTENCE, whether the producer is idempotent, and why not",
             "responses": {
                 "200": _json({"type": "object"}, "Ready"),
                 "503": _json({"type": "object"}, "Not ready; checks say which part"),

