@@ -109,6 +109,11 @@ class BucketPoller:
         self._idle.set()
         # Buckets of the batch claimed and not yet completed in this round.
         self._busy: set[int] = set()
+        # What a failed round left behind (a store error after its claim):
+        # completions decided but not written, and claims that may have been
+        # made but were never published. Settled first thing next round.
+        self._unsettled: list[Completion] = []
+        self._unclaimed: list[tuple[str, int]] = []
 
     # -- signals from the rest of the node ---------------------------------------
 
@@ -190,6 +195,8 @@ class BucketPoller:
         self.metrics.buckets_owned.set(len(tokens))
         if not tokens:
             return self.poll_interval
+        if self._unsettled or self._unclaimed:
+            await self._settle()
         if self.monotonic() >= self._recover_at:
             await self._recover(tokens)
         now = self.wall()
@@ -269,10 +276,40 @@ class BucketPoller:
                 ids=recovered[:20],
             )
 
+    async def _settle(self) -> None:
+        """Finish what a failed round left, before anything new: write the
+        completions it decided, and put back what it may have claimed but never
+        published. Both are fenced by their tokens, so for a bucket that has
+        changed hands since they match nothing (its next owner recovers it);
+        the round that owns this node's token is the only one that can, or a
+        batch would stay IN_FLIGHT under a live token for good."""
+        if self._unsettled:
+            completions, self._unsettled = self._unsettled, []
+            try:
+                written = await self.store.complete(completions)
+            except Exception:
+                self._unsettled = completions + self._unsettled
+                raise
+            log.warning("completed what a failed round left", written=written, of=len(completions))
+        if self._unclaimed:
+            claims, self._unclaimed = self._unclaimed, []
+            try:
+                restored = await self.store.unclaim(claims)
+            except Exception:
+                self._unclaimed = claims + self._unclaimed
+                raise
+            log.warning("put back what a failed claim may have taken", restored=restored)
+
     async def _deliver(self, due: list[dict[str, Any]], tokens: dict[int, int]) -> None:
         now = self.wall()
         started = time.perf_counter()
-        claimed = await self.store.claim(due, tokens, self.node_id, now)
+        try:
+            claimed = await self.store.claim(due, tokens, self.node_id, now)
+        except Exception:
+            # No answer, so no knowing which of these the claim took: put back
+            # any that our token holds (a claim that never applied matches nothing).
+            self._unclaimed.extend((d["_id"], tokens[d["bucket"]]) for d in due)
+            raise
         self._busy = {c.bucket for c in claimed}
         try:
             await self._complete(claimed, started)
@@ -290,10 +327,14 @@ class BucketPoller:
             log.warning(
                 "lease gone mid-batch (expired or handed over)", abandoned=len(claimed) - len(live)
             )
-        live = await self._skip_misfired(live)
+        try:
+            live = await self._skip_misfired(live)
+            records = [build_record(c.doc, c.token, c.attempt) for c in live]
+        except Exception:
+            self._unclaimed.extend((c.id, c.token) for c in live)  # none was published
+            raise
         if not live:
             return
-        records = [build_record(c.doc, c.token, c.attempt) for c in live]
         started = time.perf_counter()
         results = await self.publisher.publish(records)
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
@@ -305,14 +346,25 @@ class BucketPoller:
             if err is not None
         ]
         done_at = self.wall()
-        if delivered:
+        done = [self.rules.delivered(c, done_at) for c in delivered]
+        exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
+        if exhausted and self.dead_letter_topic:
+            await self._dead_letter(exhausted)
+        failed = [self.rules.failed(c, error, done_at) for c, error in failures]
+        try:
             started = time.perf_counter()
-            marked = await self.store.complete(
-                [self.rules.delivered(c, done_at) for c in delivered]
-            )
+            marked = await self.store.complete(done) if done else 0
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
+            if failed:
+                await self.store.complete(failed)
+        except Exception:
+            # Published, and the outcome decided: write it next round. (A
+            # completion already written matches nothing the second time.)
+            self._unsettled.extend([*done, *failed])
+            raise
+        if delivered:
             self.metrics.deliveries.labels("delivered").inc(marked)
             if marked < len(delivered):
                 # A newer owner took these over while we published: they went
@@ -330,8 +382,8 @@ class BucketPoller:
                 log.debug(
                     "schedule delivered", **_about(c), lateness_s=round(max(lateness, 0.0), 4)
                 )
-        if failures:
-            await self._fail(failures, done_at)
+        if failed:
+            self._failed(failed)
 
     async def _skip_misfired(self, claimed: list[Claimed]) -> list[Claimed]:
         """Occurrences of recurring schedules whose misfire policy is skip and
@@ -341,26 +393,26 @@ class BucketPoller:
         skipped = [c for c in claimed if self.rules.should_skip(c, now)]
         if not skipped:
             return claimed
-        moved = await self.store.complete([self.rules.skipped(c, now) for c in skipped])
+        completions = [self.rules.skipped(c, now) for c in skipped]
+        try:
+            moved = await self.store.complete(completions)
+        except Exception:
+            self._unsettled.extend(completions)
+            raise
         self._record(skipped, now, Outcome.SKIPPED)
         self.metrics.deliveries.labels("skipped").inc(moved)
         log.info("missed occurrences skipped", count=len(skipped), ids=[c.id for c in skipped][:20])
         skipped_ids = {c.id for c in skipped}
         return [c for c in claimed if c.id not in skipped_ids]
 
-    async def _fail(self, failures: list[tuple[Claimed, str]], now: datetime) -> None:
-        exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
-        if exhausted and self.dead_letter_topic:
-            await self._dead_letter(exhausted)
-        completions: list[Completion] = [self.rules.failed(c, error, now) for c, error in failures]
-        await self.store.complete(completions)
+    def _failed(self, completions: list[Completion]) -> None:
+        """Count and record publishes that failed (written already)."""
         for completion in completions:
-            self._record([completion.claimed], now, completion.outcome, completion.error)
+            self._record([completion.claimed], completion.at, completion.outcome, completion.error)
+            log.warning("publish failed", **_about(completion.claimed), error=completion.error)
         retried = sum(1 for c in completions if c.outcome == Outcome.RETRYING)
         self.metrics.deliveries.labels("retried").inc(retried)
         self.metrics.deliveries.labels("failed").inc(len(completions) - retried)
-        for claimed, error in failures:
-            log.warning("publish failed", **_about(claimed), error=error)
 
     def _record(
         self, claimed: list[Claimed], at: datetime, outcome: Outcome, error: str | None = None

@@ -367,6 +367,31 @@ class ScheduleStore:
         result = await self.schedules.bulk_write(ops, ordered=False)
         return result.modified_count
 
+    @store_call
+    async def unclaim(self, claims: Sequence[tuple[str, int]]) -> int:
+        """IN_FLIGHT -> PENDING again for (id, token) pairs this node may have
+        claimed but never published (a claim whose answer was lost), undoing
+        the claim's counters; only where that token still holds them. Returns
+        how many were put back."""
+        by_token: dict[int, list[str]] = defaultdict(list)
+        for schedule_id, token in claims:
+            by_token[token].append(schedule_id)
+        ops = [
+            UpdateMany(
+                {
+                    "_id": {"$in": chunk},
+                    "status": Status.IN_FLIGHT.value,
+                    **self._fence("$eq", token),
+                },
+                {"$set": {"status": Status.PENDING.value}, "$inc": {"attempts": -1, "runs": -1}},
+            )
+            for token, ids in by_token.items()
+            for chunk in _chunks(ids)
+        ]
+        if not ops:
+            return 0
+        return (await self.schedules.bulk_write(ops, ordered=False)).modified_count
+
     def _owned(self, item: Claimed) -> dict[str, Any]:
         """The filter of a write completing one claimed schedule."""
         return {"_id": item.id, "status": Status.IN_FLIGHT.value, **self._fence("$eq", item.token)}

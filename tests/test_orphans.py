@@ -1,0 +1,124 @@
+"""A store error between a claim and its completion must not strand the batch.
+
+The claim and the completion are each one bulk write; a dropped connection
+or a step-down leaves their outcome unknown to the owner (the driver does not
+retry an UpdateMany). Before, a batch claimed at the wrong moment stayed
+IN_FLIGHT under its owner's live token until the bucket changed hands, which
+might be never: accepted with 201 and never delivered (the everything chaos
+scenario lost a recurring chain this way at seed 3). Now the owner settles
+what a failed round left before anything else: it writes the completions it
+had decided, and puts back whatever its failed claim may have taken.
+
+The fault is injected at the store's edge (one call fails with no answer,
+after or before the server applied it): a real server cannot be made to drop
+exactly that reply on demand.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo.errors import AutoReconnect
+
+from node.errors import StoreUnavailable
+from node.process import Node
+from node.store.schedules import ScheduleStore
+from tests.conftest import (
+    EmbeddedServers,
+    NodeFactory,
+    TopicReader,
+    make_config,
+    unique,
+    wait_until,
+)
+
+
+class DroppedReply:
+    """The real store, but the first ``call`` (claim or complete) that carries
+    work loses its answer: after the server applied it, or before."""
+
+    def __init__(self, inner: ScheduleStore, call: str, applied: bool) -> None:
+        self.inner = inner
+        self.call = call
+        self.applied = applied
+        self.dropped = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def _maybe_drop(self, name: str, work: Any, *args: Any) -> Any:
+        if name != self.call or self.dropped or not work:
+            return await getattr(self.inner, name)(work, *args)
+        self.dropped += 1
+        if self.applied:
+            await getattr(self.inner, name)(work, *args)
+        raise StoreUnavailable("the schedule store is unreachable; retry") from AutoReconnect(
+            "connection closed before the reply"
+        )
+
+    async def claim(self, docs: Any, *args: Any) -> Any:
+        return await self._maybe_drop("claim", docs, *args)
+
+    async def complete(self, completions: Any) -> Any:
+        return await self._maybe_drop("complete", completions)
+
+
+@pytest.mark.parametrize(
+    ("call", "applied"),
+    [("claim", True), ("claim", False), ("complete", True), ("complete", False)],
+)
+async def test_a_lost_reply_between_claim_and_completion_strands_nothing(
+    start_node: NodeFactory, servers: EmbeddedServers, database_name: str, mongo: Any,
+    call: str, applied: bool,
+) -> None:  # fmt: skip
+    topic = unique("orphan")
+    node = Node(make_config(servers, database_name, poll_interval="0.2"))
+    flaky = DroppedReply(node.store, call, applied)
+    node.poller.store = flaky  # type: ignore[assignment]
+    handle = await start_node(node)
+    now = datetime.now(UTC)
+    due = (now + timedelta(milliseconds=300)).isoformat().replace("+00:00", "Z")
+    ids = [f"o{i}" for i in range(5)]
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        for schedule_id in ids:
+            status, body = await handle.request(
+                "POST",
+                "/v1/schedules",
+                json={"id": schedule_id, "topic": topic, "executeAt": due, "payload": 1},
+            )
+            assert status == 201, body
+        start = (now + timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+        status, body = await handle.request(
+            "POST",
+            "/v1/schedules",
+            json={"id": "chain", "topic": topic, "payload": 1,
+                  "recurrence": {"every": "PT1S", "start": start}},
+        )  # fmt: skip
+        assert status == 201, body
+
+        async def settled() -> bool:
+            docs = await mongo.schedules.find({"_id": {"$in": ids}}).to_list()
+            chain = await mongo.schedules.find_one({"_id": "chain"})
+            return (
+                all(d["status"] == "DELIVERED" for d in docs)
+                and chain is not None
+                and chain.get("occurrences", 0) >= 3
+            )
+
+        await wait_until(settled, within=60, what="every schedule delivered, the chain going on")
+        await reader.poll()
+    assert flaky.dropped == 1
+    records = reader.by_id()
+    assert set(ids) <= set(records)
+    assert await mongo.schedules.count_documents({"status": "IN_FLIGHT", "_id": {"$in": ids}}) == 0
+    if call == "claim" or not applied:
+        # Nothing was published twice: a failed claim's schedules were put back
+        # before publishing, and a decided completion is written, not redone.
+        assert all(len(records[i]) == 1 for i in ids)
+        attempts = {
+            d["_id"]: d["attempts"]
+            for d in await mongo.schedules.find({"_id": {"$in": ids}}).to_list()
+        }
+        assert set(attempts.values()) == {1}, attempts
