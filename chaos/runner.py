@@ -5,8 +5,9 @@ node processes on the embedded stack, under load, and checks the outcome
 The load posts ``rate`` schedules per second through random ready nodes, due
 0-4 s ahead (one in twenty already due); one in fifty is cancelled a moment
 later. A 200 on the DELETE counts it as cancelled; a DELETE with no answer
-(the node was paused or cut off mid-request, and may have cancelled it) is
-settled after the run by asking a node for the schedule. Each fault gets
+(the node was paused or cut off mid-request, and may have cancelled it) or a
+5xx (the store failed mid-call, perhaps after the cancel landed) is settled
+after the run by asking a node for the schedule. Each fault gets
 a window from its start to the end of the recovery allowance (failure
 detection plus a lease TTL); lateness is reported inside each window and
 outside all of them. After each fault the runner also measures how long the
@@ -368,13 +369,19 @@ class Run:
             async with session.delete(url + f"/v1/schedules/{schedule_id}") as r:
                 if r.status == 200:
                     self.cancelled.add(schedule_id)
+                elif r.status >= 500:
+                    # The store failed mid-call (a 503): the cancel may have
+                    # been applied before it did (everything, seed 3: the
+                    # update landed, the read after it did not), so its
+                    # outcome is unknown, as with no answer at all.
+                    self.cancel_unknown.add(schedule_id)
         except (aiohttp.ClientError, TimeoutError, OSError):
             # The node may have cancelled it and been paused or cut off before
             # it answered: neither lost if it never arrives nor cancelled.
             self.cancel_unknown.add(schedule_id)
 
     async def _resolve_unknown_cancels(self) -> None:
-        """Ask a node what became of each DELETE that got no answer: a
+        """Ask a node what became of each DELETE that got no answer (or a 5xx): a
         schedule it reports CANCELLED counts as cancelled, like a 200."""
         for schedule_id in sorted(self.cancel_unknown):
             status = await self._status(schedule_id)

@@ -9,7 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from chaos.runner import Run, write
 from chaos.scenario import load
@@ -109,3 +111,36 @@ async def test_a_delete_without_an_answer_is_settled_by_asking_a_node_afterwards
     await run._resolve_unknown_cancels()
     assert run.cancelled == {"s1"}
     assert run.cancel_unknown == {"never-stored"}  # no node could say: not counted
+
+
+async def test_a_delete_answered_with_a_5xx_is_settled_like_one_without_an_answer(
+    tmp_path: Path,
+) -> None:
+    # The store failed mid-call (everything, seed 3: the cancel landed, the
+    # read after it did not, so the node answered 503): not a refusal, an
+    # unknown outcome, settled by asking after the run.
+    answers = {"s-503": 503, "s-200": 200, "s-409": 409}
+
+    async def delete(request: web.Request) -> web.Response:
+        return web.json_response({}, status=answers[request.match_info["id"]])
+
+    app = web.Application()
+    app.router.add_delete("/v1/schedules/{id}", delete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        run = Run(load("zombie-pause"), tmp_path, seed=1)
+        run.ready.add("node-1")
+        run.cluster.nodes["node-1"] = SimpleNamespace(  # type: ignore[assignment]
+            name="node-1", alive=True, url=f"http://127.0.0.1:{port}"
+        )
+        async with aiohttp.ClientSession() as session:
+            for schedule_id in answers:
+                await run._cancel(session, schedule_id)
+        assert run.cancelled == {"s-200"}
+        assert run.cancel_unknown == {"s-503"}
+    finally:
+        await runner.cleanup()
