@@ -51,7 +51,9 @@ from bench.stack import (
 )
 from bench.systems import BASELINES, Scheduler, System
 from bench.workloads import Workload, judge, ratio
+from node.delivery.due_book import DueBook
 from node.delivery.outcomes import Rules
+from node.delivery.poller import READ_AHEAD
 from node.schedule.retry import DEFAULT_POLICY
 from node.store.history import Attempt, HistoryStore
 from node.store.schedules import ScheduleStore
@@ -276,10 +278,18 @@ async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, 
         tokens = dict.fromkeys(range(BUCKETS), 1)
         seconds: dict[str, float] = defaultdict(float)
         done = 0
+        # The poller's reads exactly: what its book asks for, bucket by bucket.
+        book = DueBook(refresh=1.0, budget=500 * READ_AHEAD)
+        book.sync(tokens)
         started = time.perf_counter()
         while True:
             t = time.perf_counter()
-            batch = await store.find_due(tokens, datetime.now(UTC), 500)
+            now = datetime.now(UTC)
+            for read in book.reads(now, time.monotonic(), 1.0):
+                docs = await store.find_due(read.bucket, read.until, read.limit)
+                book.learned(read, docs, time.monotonic())
+            batch = book.due(now)[:500]
+            book.taken(batch)
             seconds["find_due"] += time.perf_counter() - t
             if not batch:
                 break

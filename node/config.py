@@ -370,8 +370,22 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--fair-tenants",
         default="on",
         parse=_parse_switch,
-        help="on: when a backlog fills the due window, each tenant's oldest due schedules "
+        help="on: when a backlog fills a bucket's view, each tenant's earliest due schedules "
         "share every batch; off: plain oldest first (only to measure what fairness buys)",
+    ),
+    Setting(
+        attr="retention",
+        env="RETENTION",
+        flag="--retention",
+        default=str(7 * 86400),
+        parse=_parse_seconds(1, 10 * 366 * 86400),
+        # At the seeds' 50M schedules a day, keeping every finished schedule
+        # grows the collection by 18 billion documents a year. The write that
+        # ends a schedule sets expireAt, and a TTL index removes it: a client
+        # id stays idempotent for this long after its schedule ended.
+        help="seconds a schedule is kept once it has ended (delivered, cancelled, failed, "
+        "expired, a chain's end), then removed by a TTL index; a client id is idempotent "
+        "for this long",
     ),
     Setting(
         attr="history_retention",
@@ -455,6 +469,7 @@ class NodeConfig:
     retry_backoff_max: float
     misfire_threshold: float = 60.0
     fair_tenants: bool = True
+    retention: float = 7 * 86400.0
     history_retention: float = 7 * 86400.0
     history_per_schedule: int = 100
     dead_letter_topic: str

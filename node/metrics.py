@@ -178,6 +178,9 @@ class NodeMetrics:
     def watch_stalls(self, stalls: StallCounts) -> None:
         self.registry.register(StallCollector(stalls))
 
+    def watch_reads(self, documents_read: Mapping[str, int]) -> None:
+        self.registry.register(ReadsCollector(documents_read))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -205,6 +208,27 @@ class LeaseCollector(Collector):
             "lease round trips are slow",
             value=self.leases.term,
         )
+
+
+class ReadsCollector(Collector):
+    """Documents the owner's store reads returned, by query: due (a bucket's
+    due work), fair (tenants absent from a full view), recover (what an older
+    owner left in flight). Over deliveries, what each record costs in reads."""
+
+    QUERIES = ("due", "fair", "recover")
+
+    def __init__(self, documents_read: Mapping[str, int]) -> None:
+        self.documents_read = documents_read
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = CounterMetricFamily(
+            "scheduler_store_documents_read",
+            "Documents returned by the bucket owner's reads, by query (due, fair, recover)",
+            labels=["query"],
+        )
+        for query in self.QUERIES:
+            family.add_metric([query], self.documents_read.get(query, 0))
+        yield family
 
 
 class StallCollector(Collector):

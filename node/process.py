@@ -109,7 +109,13 @@ class Node:
             horizon=timedelta(seconds=config.horizon),
             retry=retry,
         )
-        self.store = ScheduleStore(database, config.buckets, unfenced=unfenced)
+        self.store = ScheduleStore(
+            database,
+            config.buckets,
+            unfenced=unfenced,
+            retention=timedelta(seconds=config.retention),
+        )
+        self.metrics.watch_reads(self.store.documents_read)
         self.stalls = StallMeter()
         self.metrics.watch_stalls(self.stalls)
         # A lease write lost in a database crash could move a token backwards

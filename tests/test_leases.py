@@ -162,14 +162,14 @@ async def test_fencing_rejects_a_former_owner_after_a_newer_token_acted(mongo: A
         await store.insert(new_doc(f"s{i}"), now)
     old, new = 1, 2
 
-    due = await store.find_due([0], now, 10)
+    due = await store.find_due(0, now, 10)
     claimed_by_old = await store.claim(due[:2], {0: old}, "old", now)
     assert [c.id for c in claimed_by_old] == ["s0", "s1"]
 
     # The old owner freezes. The new owner acquires token 2 and recovers.
     recovered = await store.recover_in_flight({0: new})
     assert sorted(recovered) == ["s0", "s1"]
-    due_new = await store.find_due([0], now, 10)
+    due_new = await store.find_due(0, now, 10)
     claimed_by_new = await store.claim(due_new, {0: new}, "new", now)
     assert sorted(c.id for c in claimed_by_new) == ["s0", "s1", "s2", "s3"]
 
@@ -188,13 +188,13 @@ async def test_claim_skips_cancelled_and_newer_tokens(mongo: Any) -> None:
     now = datetime.now(UTC)
     for i in range(3):
         await store.insert(new_doc(f"s{i}"), now)
-    due = await store.find_due([0], now, 10)
+    due = await store.find_due(0, now, 10)
     await store.cancel("s1", now)
     claimed = await store.claim(due, {0: 5}, "me", now)
     assert sorted(c.id for c in claimed) == ["s0", "s2"]
     # A token below the one that last wrote claims nothing.
     await store.recover_in_flight({0: 6})
-    assert await store.claim(await store.find_due([0], now, 10), {0: 5}, "me", now) == []
+    assert await store.claim(await store.find_due(0, now, 10), {0: 5}, "me", now) == []
 
 
 async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mongo: Any) -> None:

@@ -180,6 +180,8 @@ async def test_idle_five_node_cluster_agrees_and_asks_the_store_little(
         asyncio.get_running_loop().time() - started
     )
     print(f"idle 5-node cluster: {per_second:.1f} store operations/s in total")
-    # Not one query per bucket per tick: that would be 32 buckets x 5 nodes.
-    assert per_second < BUCKETS
+    # An idle bucket is read by its owner once a poll interval (1 s), whatever
+    # the node count: about 32 reads a second for the cluster, and the lease
+    # renews. Not one query per bucket per node (5 x 32), nor per round.
+    assert per_second < 1.5 * BUCKETS
     assert await settled_on(nodes, mongo)

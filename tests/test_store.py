@@ -23,12 +23,16 @@ async def test_prepare_is_idempotent_and_creates_the_indexes(mongo: Any) -> None
     await store.prepare(datetime.now(UTC))
     await store.prepare(datetime.now(UTC))
     indexes = await mongo.schedules.index_information()
-    assert indexes["due_pending"]["key"] == [("dueAt", 1)]
-    assert indexes["due_pending"]["partialFilterExpression"] == {"status": "PENDING"}
-    assert indexes["due_pending_by_bucket"]["key"] == [("bucket", 1), ("dueAt", 1)]
-    assert indexes["due_pending_by_bucket"]["partialFilterExpression"] == {"status": "PENDING"}
-    assert indexes["in_flight"]["partialFilterExpression"] == {"status": "IN_FLIGHT"}
+    assert indexes["bucket_status_due"]["key"] == [("bucket", 1), ("status", 1), ("dueAt", 1)]
+    assert indexes["tenant_status_bucket_due"]["key"] == [
+        ("tenant", 1),
+        ("status", 1),
+        ("bucket", 1),
+        ("dueAt", 1),
+    ]
     assert indexes["by_tenant_id"]["key"] == [("tenant", 1), ("_id", 1)]
+    assert indexes["expire"]["key"] == [("expireAt", 1)]
+    assert indexes["expire"]["expireAfterSeconds"] == 0
     assert await mongo.cluster.count_documents({}) == 1
     assert (await mongo.cluster.find_one({}))["buckets"] == 64
 
@@ -40,15 +44,20 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
         [("bucket", 1), ("status", 1), ("dueAt", 1)], name="due_by_bucket"
     )
     await mongo.schedules.create_index([("tenant", 1), ("status", 1), ("_id", 1)], name="by_tenant")
+    # Partial indexes over one status, as version 2 created them.
+    pending = {"partialFilterExpression": {"status": "PENDING"}}
+    await mongo.schedules.create_index([("dueAt", 1)], name="due_pending", **pending)
+    await mongo.schedules.create_index(
+        [("tenant", 1), ("dueAt", 1)], name="due_pending_by_tenant", **pending
+    )
     await ScheduleStore(mongo, 64).prepare(datetime.now(UTC))
     indexes = set(await mongo.schedules.index_information())
     assert indexes == {
         "_id_",
-        "due_pending",
-        "due_pending_by_bucket",
-        "in_flight",
+        "bucket_status_due",
+        "tenant_status_bucket_due",
         "by_tenant_id",
-        "due_pending_by_tenant",
+        "expire",
     }
 
 
@@ -150,4 +159,5 @@ async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo
         {"_id": "b6", "bucket": 3, "status": "IN_FLIGHT", "dueAt": past},
     ]
     await mongo.schedules.insert_many(docs)
-    assert await store.due_backlog(now) == {1: 2, 2: 1}
+    assert await store.due_backlog(range(16), now) == {1: 2, 2: 1}
+    assert await store.due_backlog([2, 3], now) == {2: 1}  # its own buckets only

@@ -78,7 +78,8 @@ class Backlog:
     async def get(self, context: ApiContext) -> dict[str, Any]:
         now = time.monotonic()
         if self._cached is None or now - self._cached[0] >= BACKLOG_CACHE_SECONDS:
-            due = await context.store.due_backlog(utcnow())
+            # This node's buckets: the page asks each node for its own.
+            due = await context.store.due_backlog(list(context.leases.usable()), utcnow())
             self._cached = (
                 now,
                 {

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from node.api.auth import CALLER, Caller
 from node.api.context import CONTEXT, ApiContext, json_response
-from node.api.views import public_record, public_view
+from node.api.views import delivered_record, public_record, public_view
 from node.errors import (
     PayloadTooLarge,
     ScheduleNotFound,
@@ -213,15 +213,20 @@ async def schedule_history(request: web.Request) -> web.Response:
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
         raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
     stored_id = _schedule_id(request, also={"limit"})
-    if await context.store.get(stored_id) is None:
+    doc = await context.store.get(stored_id)
+    if doc is None:
         raise _not_found(stored_id)
-    records = await context.history.of(stored_id, int(limit_text))
+    limit = int(limit_text)
+    history = [public_record(r) for r in await context.history.of(stored_id, limit)]
+    delivered = delivered_record(doc)
+    if delivered is not None:  # the newest attempt, kept by the schedule itself
+        history = [delivered, *history][:limit]
     return json_response(
         {
             "id": public_id(stored_id),
             "retentionSeconds": context.config.history_retention,
             "perSchedule": context.config.history_per_schedule,
-            "history": [public_record(r) for r in records],
+            "history": history,
         }
     )
 

@@ -64,6 +64,22 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def delivered_record(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """A delivered one-shot schedule's delivery, as a history record, from
+    the schedule itself (the one attempt history does not store)."""
+    if doc.get("recurrence") or doc["status"] != Status.DELIVERED.value:
+        return None
+    return {
+        "at": format_time(doc.get("deliveredAt")),
+        "executeAt": format_time(doc["executeAt"]),
+        "attempt": doc.get("attempts", 0),
+        "outcome": "delivered",
+        "node": doc.get("owner"),
+        "token": doc.get("token", 0),
+        "error": None,
+    }
+
+
 def public_record(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "at": format_time(doc["at"]),

@@ -67,7 +67,11 @@ class WakeHints:
 class Wakeable(Protocol):
     """The delivery loop a hint wakes (node/delivery/poller.py)."""
 
-    def hint(self, due_at: datetime) -> None: ...
+    def hint(self, bucket: int, due_at: datetime) -> None:
+        """A schedule of ``bucket`` (held here) falls due at ``due_at``."""
+
+    def accepted(self, doc: dict[str, Any]) -> None:
+        """This node stored ``doc``, in a bucket held here."""
 
 
 class WakeRouter:
@@ -102,7 +106,8 @@ class WakeRouter:
         interval, so lateness does not depend on that node's poll interval.
         """
         bucket, due_at = doc["bucket"], doc["dueAt"]
-        if self.wake(bucket, due_at):
+        if bucket in self.usable():
+            self.poller.accepted(doc)
             return
         owner = self.owner_of(bucket)
         if owner is None or owner == self.node_id:
@@ -117,6 +122,6 @@ class WakeRouter:
         """A schedule of ``bucket`` falls due at ``due_at``: True when we hold
         the bucket and woke our poller."""
         if bucket in self.usable():
-            self.poller.hint(due_at)
+            self.poller.hint(bucket, due_at)
             return True
         return False

@@ -1,30 +1,35 @@
 """The bucket poller: delivers the due schedules of the buckets this node
 holds leases on (DESIGN.md "Bucket poller").
 
-One loop serves all held buckets: one due-work query per wake-up with
-``bucket $in held``, rather than a task and a query per bucket, so an idle
-node asks the store about one question per poll interval whatever its bucket
-count, and a burst fills large batches. Ownership stays per bucket: every
-write carries that bucket's token.
+One loop serves all held buckets, and reads them one by one through a book
+of what it knows of each (``due_book.py``): a bucket is read when it was
+just gained, when a hint says it holds work sooner than its view, when its
+cached due work ran out behind a full read, or once a poll interval when it
+is idle. So a node reads its own buckets only, a bucket with work in hand
+costs the store nothing until the work is delivered, and the future backlog
+costs nothing at all. Ownership stays per bucket: every write carries that
+bucket's token.
 
 Each round:
 
-1. find due work (PENDING, dueAt <= now, oldest first, index-served); the
-   same query looks one poll interval ahead to learn the next due time;
-2. claim the batch in one bulk write (PENDING -> IN_FLIGHT, with the token);
-3. drop anything whose lease's local deadline passed during the claim, then
+1. settle what a failed round left (completions to write, claims to put
+   back); make due again what an older owner left in flight in buckets just
+   gained, and in every held bucket once a while;
+2. read the buckets the book asks for (due now or within a poll interval);
+3. choose the batch from the due work in the book, shared fairly among
+   tenants (when a view is full, tenants absent from it are asked for their
+   own earliest due work);
+4. claim it in one bulk write (PENDING -> IN_FLIGHT, with the token, only if
+   still due and no newer token wrote it);
+5. drop anything whose lease's local deadline passed during the claim, then
    publish to Kafka and wait for the acks;
-4. complete each one as ``outcomes.py`` decides (DELIVERED, back to
+6. complete each one as ``outcomes.py`` decides (DELIVERED, back to
    PENDING with backoff, DELIVERY_FAILED past the retry limit and to the
    dead-letter topic when configured, a recurring one's next occurrence),
    fenced by the token;
-5. sleep until the next due time or the poll interval, whichever is
-   sooner, but at least until the batch linger since the round began has
-   passed; a hint from the API (a schedule due sooner) or a lease change
-   cuts the sleep short.
-
-Schedules left IN_FLIGHT by an older token (a former owner died or paused
-mid-batch) are made due again whenever leases change and every renew period.
+7. sleep until the next due time in the book or the next read it wants,
+   but at least until the batch linger since the round began has passed; a
+   hint (a schedule due sooner) or a lease change cuts the sleep short.
 """
 
 from __future__ import annotations
@@ -37,13 +42,15 @@ from typing import Any
 
 import structlog
 
-from node.delivery.fairness import by_due, fair_order
+from node.delivery.due_book import DueBook, Read
+from node.delivery.fairness import by_due, fair_share
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.publisher import KafkaPublisher
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
+from node.schedule.model import Status
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
 from node.store.contract import Claimed, Completion, Outcome
@@ -52,12 +59,15 @@ from node.store.schedules import ScheduleStore
 
 log = structlog.get_logger("node.poller")
 
-# How far a loop that delivered in its last round looks ahead (seconds).
-BUSY_LOOKAHEAD = 0.25
-# Under a backlog, batches of due work read per window query, and how long
-# what was read stays good for.
-READ_AHEAD = 10
-READ_AHEAD_SECONDS = 5.0
+# Schedules held in the book at once, as batches: a backlog is read this
+# many batches at a time, not whole into memory.
+READ_AHEAD = 4
+# Reads in flight at once (the embedded store serves them one at a time
+# anyway; a real MongoDB serves them in parallel).
+CONCURRENT_READS = 8
+# How often every held bucket is searched for what an older owner left in
+# flight, besides when it is gained (seconds).
+RECOVERY_SWEEP = 30.0
 
 
 class BucketPoller:
@@ -94,16 +104,12 @@ class BucketPoller:
         # plain oldest first, kept to measure what fairness buys).
         self.tenant_names = tenant_names
         self._tenant_turn = 0
-        # Due schedules read beyond this round's batch under a backlog.
-        self._read_ahead: list[dict[str, Any]] = []
-        self._read_ahead_at = 0.0
-        self._backlogged = False
+        self.book = DueBook(refresh=poll_interval, budget=batch_size * READ_AHEAD)
         self.wall = wall
         self.monotonic = monotonic
         self._wake = asyncio.Event()
         self._wake_at: datetime | None = None
-        self._recover_at = 0.0
-        self._delivered_last_round = False
+        self._swept_at = float("-inf")
         self._stopping = False
         self._idle = asyncio.Event()  # set between rounds
         self._idle.set()
@@ -113,18 +119,25 @@ class BucketPoller:
         # completions decided but not written, and claims that may have been
         # made but were never published. Settled first thing next round.
         self._unsettled: list[Completion] = []
-        self._unclaimed: list[tuple[str, int]] = []
+        self._unclaimed: list[Claimed] = []
 
     # -- signals from the rest of the node ---------------------------------------
 
-    def hint(self, due_at: datetime) -> None:
-        """A schedule of a held bucket falls due at ``due_at``: wake by then."""
+    def hint(self, bucket: int, due_at: datetime) -> None:
+        """A schedule of a held bucket falls due at ``due_at``: wake by then,
+        and read the bucket again if its view would not have seen it."""
+        if self.book.hint(bucket, due_at) or self._wake_at is None or due_at < self._wake_at:
+            self._wake.set()
+
+    def accepted(self, doc: dict[str, Any]) -> None:
+        """This node stored ``doc`` in a held bucket: into the book, and wake
+        by its due time."""
+        self.book.accepted(doc)
+        due_at = aware(doc["dueAt"])
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
 
     def leases_changed(self) -> None:
-        self._recover_at = 0.0
-        self._read_ahead = []  # read under other leases: look again
         self._wake.set()
 
     def stop(self) -> None:
@@ -188,71 +201,75 @@ class BucketPoller:
             self._idle.set()
 
     async def _round(self) -> float:
-        # Cleared before the query: a hint arriving during this round then
+        # Cleared before the reads: a hint arriving during this round then
         # makes the following sleep return at once instead of being missed.
         self._wake.clear()
         tokens = self.leases.usable()
         self.metrics.buckets_owned.set(len(tokens))
+        gained = self.book.sync(tokens)
         if not tokens:
             return self.poll_interval
         if self._unsettled or self._unclaimed:
             await self._settle()
-        if self.monotonic() >= self._recover_at:
-            await self._recover(tokens)
-        now = self.wall()
-        # Looking ahead tells an idle loop how long it may sleep. A busy loop
-        # comes back after the linger anyway, so it looks ahead only a little:
-        # the window read is the cluster's schedules due within the lookahead,
-        # and under load a full poll interval of them is most of the query.
-        busy = self._delivered_last_round
-        lookahead = min(self.poll_interval, BUSY_LOOKAHEAD) if busy else self.poll_interval
+        await self._recover(tokens, gained)
+        now, monotonic = self.wall(), self.monotonic()
         started = time.perf_counter()
-        docs = await self._find_due(tokens, now, now + timedelta(seconds=lookahead))
+        await self._read(self.book.reads(now, monotonic, self.poll_interval))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
-        due = [d for d in docs if aware(d["dueAt"]) <= now]
-        self._delivered_last_round = bool(due)
-        if due:
-            await self._deliver(due, tokens)
+        batch = await self._choose(now, tokens)
+        if batch:
+            self.book.taken(batch)
+            await self._deliver(batch, tokens)
             return 0.0
-        if docs:
-            return max(0.0, (aware(docs[0]["dueAt"]) - self.wall()).total_seconds())
-        # Nothing within a short lookahead says nothing about the rest of
-        # the poll interval: look again at once, with the full lookahead.
-        return 0.0 if lookahead < self.poll_interval else self.poll_interval
+        return self._idle_for(now, monotonic)
 
-    async def _find_due(
-        self, tokens: dict[int, int], now: datetime, until: datetime
-    ) -> list[dict[str, Any]]:
-        """This round's batch (oldest first, shared fairly among tenants).
+    async def _read(self, reads: list[Read]) -> None:
+        """Read the buckets the book asks for, a few at a time."""
+        if not reads:
+            return
+        gate = asyncio.Semaphore(CONCURRENT_READS)
 
-        Under a backlog the due window is read READ_AHEAD batches at a time
-        and the rest kept for the next rounds (for READ_AHEAD_SECONDS at most):
-        on a store that reads the whole due range whatever the limit (the
-        embedded one: 2 s at 50,000 due), that query then runs once per
-        READ_AHEAD rounds, not every round. Kept schedules may have been
-        cancelled or moved meanwhile; the claim's conditions skip those.
-        Other tenants' oldest due schedules are still looked up every round.
-        """
+        async def one(read: Read) -> None:
+            async with gate:
+                docs = await self.store.find_due(read.bucket, read.until, read.limit)
+            self.book.learned(read, docs, self.monotonic())
+
+        await asyncio.gather(*(one(read) for read in reads))
+
+    async def _choose(self, now: datetime, tokens: dict[int, int]) -> list[dict[str, Any]]:
+        """This round's batch: the due work in the book, shared fairly among
+        tenants (earliest first within each). When a view is full, other
+        tenants' work may wait behind it in that bucket: the tenants absent
+        from the pool are asked for their own earliest due work."""
+        pool = self.book.due(now)
         tenants = await self._tenants()
-        kept = [d for d in self._read_ahead if d["bucket"] in tokens and aware(d["dueAt"]) <= now]
-        if kept and self.monotonic() - self._read_ahead_at < READ_AHEAD_SECONDS:
-            present = {d.get("tenant") for d in kept}
-            others = [t for t in tenants or () if t not in present]
-            pool = kept + await self.store.oldest_due_of(others, until, tokens, self.batch_size)
-            limit = len(pool)
-        else:
-            backlog = len(self._read_ahead) > 0 or self._backlogged
-            limit = self.batch_size * (READ_AHEAD if backlog else 1)
-            pool = await self.store.find_due(tokens, until, limit, tenants)
-            self._read_ahead_at = self.monotonic()
-        # The one place fairness is applied: the pool in the order a fair
-        # round takes it (or plain oldest first, kept to measure fairness).
-        ordered = sorted(pool, key=by_due) if tenants is None else fair_order(pool)
-        ordered = ordered[:limit]
-        batch = sorted(ordered[: self.batch_size], key=by_due)
-        self._read_ahead = ordered[self.batch_size :]
-        self._backlogged = len(ordered) > self.batch_size
-        return batch
+        if tenants is None:
+            # Plain oldest first across the cluster's backlog (kept only to
+            # measure what fairness buys): nothing past what the book holds
+            # of every bucket, or a later schedule would pass an earlier one
+            # still unread behind a full view.
+            frontier = self.book.frontier()
+            return [d for d in pool if frontier is None or by_due(d) <= frontier][: self.batch_size]
+        if self.book.saturated and tenants:
+            present = {d.get("tenant") for d in pool}
+            others = [t for t in tenants if t not in present]
+            if others:
+                seen = {d["_id"] for d in pool}
+                extra = await self.store.oldest_due_of(others, now, tokens, self.batch_size)
+                pool += [d for d in extra if d["_id"] not in seen]
+        return fair_share(pool, self.batch_size)
+
+    def _idle_for(self, now: datetime, monotonic: float) -> float:
+        """Nothing due: sleep until the book's next due time or next read,
+        at most a poll interval."""
+        delay = self.poll_interval
+        next_due = self.book.next_due()
+        if next_due is not None:
+            delay = min(delay, (next_due - now).total_seconds())
+        next_read = self.book.next_read()
+        if next_read is not None:
+            delay = min(delay, next_read - monotonic)
+        return max(0.0, delay)
 
     async def _tenants(self) -> list[str] | None:
         """The tenants to serve fairly this round, starting one further each
@@ -265,16 +282,37 @@ class BucketPoller:
         self._tenant_turn = (self._tenant_turn + 1) % len(names)
         return names[self._tenant_turn :] + names[: self._tenant_turn]
 
-    async def _recover(self, tokens: dict[int, int]) -> None:
-        self._recover_at = self.monotonic() + self.leases.renew_interval
-        recovered = await self.store.recover_in_flight(tokens)
+    async def _recover(self, tokens: dict[int, int], gained: set[int]) -> None:
+        """What an older owner left in flight is due again: in the buckets
+        just gained, and in every held one once a sweep interval (a stale
+        owner that claimed after we took over, its lease's deadline missed)."""
+        if self.monotonic() - self._swept_at >= RECOVERY_SWEEP:
+            self._swept_at = self.monotonic()
+            buckets = tokens
+        else:
+            buckets = {b: tokens[b] for b in gained}
+        if not buckets:
+            return
+        recovered = await self.store.recover_in_flight(buckets)
         if recovered:
             self.metrics.recovered.inc(len(recovered))
+            self.book.stale({b for b in buckets})
             log.warning(
                 "re-delivering schedules left in flight by a former owner",
                 count=len(recovered),
                 ids=recovered[:20],
             )
+
+    async def _write(self, completions: Sequence[Completion]) -> int:
+        """Write completions. What goes back to PENDING (a retry, a chain's
+        next occurrence) is told to the book, so its bucket is read in time."""
+        written = await self.store.complete(completions)
+        for completion in completions:
+            occurrence = completion.occurrence
+            due_at = completion.due_at or (occurrence.next_at if occurrence else None)
+            if completion.status == Status.PENDING and due_at is not None:
+                self.book.hint(completion.claimed.bucket, due_at)
+        return written
 
     async def _settle(self) -> None:
         """Finish what a failed round left, before anything new: write the
@@ -286,7 +324,7 @@ class BucketPoller:
         if self._unsettled:
             completions, self._unsettled = self._unsettled, []
             try:
-                written = await self.store.complete(completions)
+                written = await self._write(completions)
             except Exception:
                 self._unsettled = completions + self._unsettled
                 raise
@@ -298,6 +336,7 @@ class BucketPoller:
             except Exception:
                 self._unclaimed = claims + self._unclaimed
                 raise
+            self.book.stale({c.bucket for c in claims})
             log.warning("put back what a failed claim may have taken", restored=restored)
 
     async def _deliver(self, due: list[dict[str, Any]], tokens: dict[int, int]) -> None:
@@ -308,7 +347,8 @@ class BucketPoller:
         except Exception:
             # No answer, so no knowing which of these the claim took: put back
             # any that our token holds (a claim that never applied matches nothing).
-            self._unclaimed.extend((d["_id"], tokens[d["bucket"]]) for d in due)
+            self._unclaimed.extend(Claimed(d, tokens[d["bucket"]]) for d in due)
+            self.book.stale({d["bucket"] for d in due})
             raise
         self._busy = {c.bucket for c in claimed}
         try:
@@ -331,7 +371,7 @@ class BucketPoller:
             live = await self._skip_misfired(live)
             records = [build_record(c.doc, c.token, c.attempt) for c in live]
         except Exception:
-            self._unclaimed.extend((c.id, c.token) for c in live)  # none was published
+            self._unclaimed.extend(live)  # none was published
             raise
         if not live:
             return
@@ -353,12 +393,12 @@ class BucketPoller:
         failed = [self.rules.failed(c, error, done_at) for c, error in failures]
         try:
             started = time.perf_counter()
-            marked = await self.store.complete(done) if done else 0
+            marked = await self._write(done) if done else 0
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
             if failed:
-                await self.store.complete(failed)
+                await self._write(failed)
         except Exception:
             # Published, and the outcome decided: write it next round. (A
             # completion already written matches nothing the second time.)
@@ -375,7 +415,10 @@ class BucketPoller:
                     fenced=len(delivered) - marked,
                     buckets=sorted({c.bucket for c in delivered}),
                 )
-            self._record(delivered, done_at, Outcome.DELIVERED)
+            # A one-shot schedule's document records its delivery already
+            # (deliveredAt, attempts, owner, token): its history shows it
+            # from there, and the store is spared a write for nearly every record.
+            self._record([c for c in delivered if c.recurring], done_at, Outcome.DELIVERED)
             for c in delivered:
                 lateness = (done_at - aware(c.doc["executeAt"])).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
@@ -395,7 +438,7 @@ class BucketPoller:
             return claimed
         completions = [self.rules.skipped(c, now) for c in skipped]
         try:
-            moved = await self.store.complete(completions)
+            moved = await self._write(completions)
         except Exception:
             self._unsettled.extend(completions)
             raise

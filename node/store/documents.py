@@ -1,5 +1,5 @@
-"""The documents of ``schedules``: what a new schedule is stored as, and the
-indexes that serve every query on them (DESIGN.md "Mongo").
+"""The documents of ``schedules``: what a new schedule is stored as, its
+bucket, and the indexes that serve every query on them (DESIGN.md "Mongo").
 
 This is the one place a schedule becomes a document; the store's queries
 and writes (``schedules.py``) read and change these fields.
@@ -7,13 +7,13 @@ and writes (``schedules.py``) read and change these fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING
 
-from node.schedule.model import NewSchedule, Status
+from node.schedule.model import NewSchedule, Status, public_id
 from ring import bucket_for
 
 
@@ -59,44 +59,50 @@ def _base_document(new: NewSchedule, bucket_count: int, now: datetime) -> dict[s
     }
 
 
+def bucket_of(stored_id: str, bucket_count: int) -> int:
+    """The bucket of a stored schedule: the id its tenant knows, hashed
+    (DESIGN.md's formula), so that every write on one schedule can name its
+    bucket without reading it first."""
+    return bucket_for(public_id(stored_id), bucket_count)
+
+
 @dataclass(frozen=True)
 class IndexSpec:
     name: str
     keys: list[tuple[str, int]]
-    only_status: str | None = None  # a partial index over one status
-
-    @property
-    def options(self) -> dict[str, Any]:
-        if self.only_status is None:
-            return {}
-        return {"partialFilterExpression": {"status": self.only_status}}
+    options: dict[str, Any] = field(default_factory=dict)
 
 
-# Every status change rewrites the index entries of the document, so each
-# index holds only the schedules its query looks for: a delivered schedule
-# (the bulk of the collection) sits in the _id and tenant indexes alone, a
-# claim moves a schedule from the two PENDING indexes to the IN_FLIGHT one
-# and completing it takes it out of that (half the index writes of full
-# indexes on status, measured on the embedded server).
+# Each query the node makes is served by one of these, bounded on every
+# field it filters on; each is equality fields first, then one range (the
+# order a real MongoDB bounds and sorts by, and the only order the embedded
+# SecantusDB bounds at all: it never uses a partial index whose key holds
+# the filter field, nor a range after a second operator). Few of them: every
+# status change rewrites every index entry of the document.
 INDEXES = [
-    # The due window: a range over PENDING schedules by due time, with cost
-    # proportional to the window whatever the collection size.
-    IndexSpec("due_pending", [("dueAt", ASCENDING)], Status.PENDING.value),
-    # Per bucket: exact for a node that owns few buckets while the window
-    # holds other nodes' backlog.
+    # A bucket's due work, from the earliest (the owner's reads, one bucket
+    # at a time), and what it left in flight (recovery): bounded on bucket,
+    # status and due time, and on a sharded cluster targeted by the bucket.
     IndexSpec(
-        "due_pending_by_bucket", [("bucket", ASCENDING), ("dueAt", ASCENDING)], Status.PENDING.value
+        "bucket_status_due", [("bucket", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING)]
     ),
-    # Work a former owner left mid-batch (recover_in_flight).
-    IndexSpec("in_flight", [("status", ASCENDING)], Status.IN_FLIGHT.value),
+    # A tenant's PENDING count (its quota), and its earliest due work in this
+    # node's buckets when another tenant's backlog fills a view (fair
+    # delivery): one range per bucket, merged by due time.
+    IndexSpec(
+        "tenant_status_bucket_due",
+        [("tenant", ASCENDING), ("status", ASCENDING), ("bucket", ASCENDING), ("dueAt", ASCENDING)],
+    ),
     # GET /v1/schedules pages by tenant in _id order; a status filter is
     # applied to the page, so status changes do not move this entry.
     IndexSpec("by_tenant_id", [("tenant", ASCENDING), ("_id", ASCENDING)]),
-    # A tenant's PENDING count (its max-pending quota), and its oldest due
-    # work when another tenant's backlog fills the due window (fair polling).
-    IndexSpec(
-        "due_pending_by_tenant", [("tenant", ASCENDING), ("dueAt", ASCENDING)], Status.PENDING.value
-    ),
+    # Retention: a schedule that has ended carries expireAt, and MongoDB's
+    # TTL monitor removes it then (documents without it are never removed).
+    IndexSpec("expire", [("expireAt", ASCENDING)], {"expireAfterSeconds": 0}),
 ]
-# Indexes of earlier versions, dropped at start-up: full indexes on status.
-SUPERSEDED_INDEXES = ("due", "due_by_bucket", "by_tenant")
+# Indexes of earlier versions, dropped at start-up.
+SUPERSEDED_INDEXES = (
+    "due", "due_by_bucket", "by_tenant",  # full indexes on status
+    "due_pending", "due_pending_by_bucket", "in_flight", "due_pending_by_tenant",  # partial ones
+    "tenant_status_due",
+)  # fmt: skip

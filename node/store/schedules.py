@@ -11,13 +11,23 @@ Two rules shape it:
   lease token, and its filter only matches documents no newer token has
   touched (``token <= mine`` to claim, ``token == mine`` to complete), so a
   paused or partitioned former owner cannot overwrite a newer owner's work.
+* Name the bucket. Every read and write of one schedule, and every read of
+  due work, carries the bucket (``documents.bucket_of``): on a sharded
+  cluster (shard key ``{bucket: "hashed", _id: 1}``) it goes to the shard
+  that holds it, and a node reads its own buckets' work only. Listing a
+  tenant's schedules and counting its PENDING ones span every bucket by
+  nature; they are the only queries that do.
+
+Writes filter on ``_id`` first: the embedded SecantusDB serves a filter from
+its first clause that an index can serve alone, and for ``_id`` that is a
+point lookup.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pymongo import ASCENDING, UpdateMany, UpdateOne
@@ -30,13 +40,14 @@ from node.schedule.model import RECENT_OCCURRENCES, NewSchedule, Status, public_
 from node.schedule.times import aware
 from node.store.boundary import DURABLE, store_call
 from node.store.contract import Claimed, Completion, Outcome
-from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
+from node.store.documents import INDEXES, SUPERSEDED_INDEXES, bucket_of, schedule_document
 from node.store.group_insert import GroupInserter
 
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
-# Largest page of the due window read in one round trip.
-MAX_WINDOW_PAGE = 5000
+# The statuses a schedule ends in: the write that sets one sets expireAt.
+FINAL = frozenset({Status.DELIVERED, Status.DELIVERY_FAILED, Status.CANCELLED})
+DEFAULT_RETENTION = timedelta(days=7)
 # Ids per claim or mark statement. The embedded server matches "$in" by
 # scanning the list for every candidate, so one statement costs the square of
 # its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
@@ -54,8 +65,14 @@ class ScheduleStore:
         bucket_count: int,
         *,
         unfenced: bool = False,
+        retention: timedelta = DEFAULT_RETENTION,
     ) -> None:
         self.database = database
+        # How long a schedule is kept once it has ended (RETENTION).
+        self.retention = retention
+        # Documents returned by the owner's reads, by query: what each
+        # delivered record costs the store in reads (a metric).
+        self.documents_read: Counter[str] = Counter()
         # Chaos testing only (CHAOS_MODE=unfenced): owner writes carry no
         # token condition, so the chaos checker can prove it sees the result.
         self.unfenced = unfenced
@@ -115,18 +132,17 @@ class ScheduleStore:
         await self.database.command("ping")
 
     @store_call
-    async def due_backlog(self, now: datetime) -> dict[int, int]:
-        """bucket -> PENDING schedules already due: work not yet delivered.
-        Served by the partial due index; its cost grows with the backlog."""
-        groups = await (
-            await self.schedules.aggregate(
-                [
-                    {"$match": {"status": Status.PENDING.value, "dueAt": {"$lte": now}}},
-                    {"$group": {"_id": "$bucket", "due": {"$sum": 1}}},
-                ]
+    async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
+        """bucket -> PENDING schedules already due, for ``buckets`` (a node's
+        own): one bounded count each, so its cost is the backlog it counts."""
+        counts = {}
+        for bucket in sorted(buckets):
+            due = await self.schedules.count_documents(
+                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": now}}
             )
-        ).to_list()
-        return {int(g["_id"]): int(g["due"]) for g in groups}
+            if due:
+                counts[bucket] = due
+        return counts
 
     # -- the API's reads and writes -------------------------------------------
 
@@ -145,7 +161,7 @@ class ScheduleStore:
         except DuplicateKeyError:
             if not new.client_id:
                 raise  # a random 128-bit id collided: let it surface, never overwrite
-        existing = await self.schedules.find_one({"_id": doc["_id"]})
+        existing = await self.schedules.find_one({"_id": doc["_id"], "bucket": doc["bucket"]})
         if existing is None:  # deleted in between; not something the API does
             raise ScheduleConflict(f"schedule {new.id!r} changed concurrently", "id")
         if existing.get("fingerprint") != doc["fingerprint"]:
@@ -154,13 +170,15 @@ class ScheduleStore:
 
     @store_call
     async def count_pending(self, tenant: str) -> int:
+        # A tenant's schedules lie in every bucket: this count spans them all
+        # (on a sharded cluster, every shard), one bounded index range each.
         return await self.schedules.count_documents(
             {"tenant": tenant, "status": Status.PENDING.value}
         )
 
     @store_call
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
-        return await self.schedules.find_one({"_id": schedule_id})
+        return await self.schedules.find_one(self._one(schedule_id))
 
     @store_call
     async def cancel(self, schedule_id: str, now: datetime) -> dict[str, Any] | None:
@@ -171,8 +189,14 @@ class ScheduleStore:
         owner holds it and none ever will.
         """
         result = await self._durable.update_one(
-            {"_id": schedule_id, "status": Status.PENDING.value},
-            {"$set": {"status": Status.CANCELLED.value, "cancelledAt": now}},
+            {**self._one(schedule_id), "status": Status.PENDING.value},
+            {
+                "$set": {
+                    "status": Status.CANCELLED.value,
+                    "cancelledAt": now,
+                    "expireAt": now + self.retention,
+                }
+            },
         )
         doc = await self.get(schedule_id)
         if doc is None:
@@ -201,87 +225,64 @@ class ScheduleStore:
             query["status"] = status
         if after is not None:
             query["_id"] = {"$gt": after}
+        # A listing spans every bucket by nature (a tenant's ids hash to all
+        # of them): on a sharded cluster it asks every shard.
         cursor = self.schedules.find(query).sort("_id", ASCENDING).limit(limit).batch_size(limit)
         return await cursor.to_list()
 
     # -- the bucket owner's reads and writes ----------------------------------
 
     @store_call
-    async def find_due(
-        self,
-        buckets: Collection[int],
-        until: datetime,
-        limit: int,
-        tenants: Sequence[str] | None = (),
-    ) -> list[dict[str, Any]]:
-        """PENDING schedules of ``buckets`` due by ``until``, oldest first: about
-        ``limit`` of them, and with ``tenants`` each tenant's oldest as well,
-        for the poller to share fairly (node/delivery/fairness.py).
-
-        Callers pass ``until`` a little past now, so the same query also tells
-        them when the next schedule falls due.
-
-        First the cluster-wide due window, sized so that this node's share of
-        it is about ``limit``, filtered to our buckets here. That query costs
-        what the window holds, whatever the collection size or the number of
-        buckets we own (an ``$in`` over 256 buckets does not: the embedded
-        server walks every entry of every listed bucket). When the window is
-        full there is a backlog, and the window shows only its oldest part:
-        each of ``tenants`` absent from it is asked for its own oldest
-        schedules (the ``{tenant, dueAt}`` index: a tenant's few schedules
-        cost a few index entries, however large another's backlog), and if
-        our share is still short, a query restricted to our buckets finds the
-        rest. ``tenants`` None: plain oldest first (for comparison only).
-        """
-        if not buckets:
-            return []
-        page = min(max(limit, limit * self.bucket_count // len(buckets)), MAX_WINDOW_PAGE)
-        window = await self._due_page({}, until, page)
-        mine = [d for d in window if d["bucket"] in buckets]
-        if len(window) == page:
-            if tenants:
-                present = {d.get("tenant") for d in window}
-                behind = [t for t in tenants if t not in present]
-                mine += await self.oldest_due_of(behind, until, buckets, limit)
-            if len(mine) < limit:
-                seen = {d["_id"] for d in mine}
-                rest = await self._due_page({"bucket": {"$in": sorted(buckets)}}, until, limit)
-                mine += [d for d in rest if d["_id"] not in seen]
-        if tenants is None:
-            return mine[:limit]
-        return sorted(mine, key=lambda d: aware(d["dueAt"]))
+    async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
+        """``bucket``'s PENDING schedules due by ``until``, from the earliest,
+        at most ``limit``: one range of the ``{bucket, status, dueAt}`` index,
+        so its cost is what it returns, whatever waits in the future or in
+        other buckets."""
+        docs = await (
+            self.schedules.find(
+                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}}
+            )
+            .sort("dueAt", ASCENDING)
+            .limit(limit)
+            .batch_size(limit)  # one round trip: the default first batch is 101
+            .to_list()
+        )
+        self.documents_read["due"] += len(docs)
+        return docs
 
     @store_call
     async def oldest_due_of(
         self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int
     ) -> list[dict[str, Any]]:
-        """Each tenant's oldest PENDING schedules of ``buckets`` due by ``until``
-        (the first MAX_TENANTS_PER_ROUND tenants: callers rotate the list)."""
+        """Each tenant's earliest PENDING schedules of ``buckets`` due by
+        ``until`` (the first MAX_TENANTS_PER_ROUND tenants: callers rotate
+        the list), at most ``limit`` each. Asked only for tenants absent from
+        a saturated view, that is with little due work.
+
+        One range of ``{tenant, status, bucket, dueAt}`` per bucket, merged
+        by due time: a real MongoDB reads ``limit`` entries at most. The due
+        bound is applied here rather than in the filter: with a second
+        range beside ``bucket: {$in}`` the embedded SecantusDB would use no
+        bound at all and read every schedule the tenant ever had; without
+        it, it reads the tenant's PENDING schedules in these buckets."""
         found: list[dict[str, Any]] = []
         for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
-            # No dueAt bound: the embedded server uses the index for
-            # {tenant, status} alone but scans the collection once a range
-            # is added; the sort and limit keep it to the oldest.
             docs = await (
-                self.schedules.find({"tenant": tenant, "status": Status.PENDING.value})
+                self.schedules.find(
+                    {
+                        "tenant": tenant,
+                        "status": Status.PENDING.value,
+                        "bucket": {"$in": sorted(buckets)},
+                    }
+                )
                 .sort("dueAt", ASCENDING)
                 .limit(limit)
                 .batch_size(limit)
                 .to_list()
             )
-            found += [d for d in docs if aware(d["dueAt"]) <= until and d["bucket"] in buckets]
+            self.documents_read["fair"] += len(docs)
+            found += [d for d in docs if aware(d["dueAt"]) <= until]
         return found
-
-    async def _due_page(
-        self, query: dict[str, Any], until: datetime, size: int
-    ) -> list[dict[str, Any]]:
-        return await (
-            self.schedules.find({**query, "status": Status.PENDING.value, "dueAt": {"$lte": until}})
-            .sort("dueAt", ASCENDING)
-            .limit(size)
-            .batch_size(size)  # one round trip: the default first batch is 101
-            .to_list()
-        )
 
     @store_call
     async def claim(
@@ -289,22 +290,26 @@ class ScheduleStore:
     ) -> list[Claimed]:
         """PENDING -> IN_FLIGHT under each bucket's token, one round trip.
 
-        The filter takes a schedule only if it is still PENDING and no newer
-        token has written it. Usually every one matches; when some do not
-        (cancelled, or taken by a newer owner) a second read finds which.
+        The filter takes a schedule only if it is still PENDING, due by
+        ``now`` and no newer token has written it. Usually every one matches;
+        when some do not (cancelled, rescheduled, taken by a newer owner) a
+        second read finds which.
         """
-        # Grouped by token value, not by bucket: a schedule's bucket follows
-        # from its id, so "these ids, token <= T" fences each of them by its
+        # Grouped by token value, not by bucket: each id's own bucket is in
+        # the filter with it, so "these ids, token <= T" fences each by its
         # own bucket's token, and a batch spread over a hundred buckets costs
         # a statement per IDS_PER_STATEMENT schedules instead of a hundred.
-        by_token: dict[int, list[str]] = defaultdict(list)
+        # Each once: a schedule listed twice would come back claimed twice.
+        docs = list({d["_id"]: d for d in docs}.values())
+        by_token: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for doc in docs:
-            by_token[tokens[doc["bucket"]]].append(doc["_id"])
+            by_token[tokens[doc["bucket"]]].append(doc)
         ops = [
             UpdateMany(
                 {
-                    "_id": {"$in": chunk},
+                    **_ids_and_buckets(chunk),
                     "status": Status.PENDING.value,
+                    "dueAt": {"$lte": now},
                     **self._fence("$lte", token),
                 },
                 {
@@ -319,8 +324,8 @@ class ScheduleStore:
                     "$inc": {"attempts": 1, "runs": 1},
                 },
             )
-            for token, ids in by_token.items()
-            for chunk in _chunks(ids)
+            for token, group in by_token.items()
+            for chunk in _chunks(group)
         ]
         if not ops:
             return []
@@ -328,7 +333,7 @@ class ScheduleStore:
         if result.modified_count == len(docs):
             return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs]
         held = await self.schedules.find(
-            {"_id": {"$in": [d["_id"] for d in docs]}, "status": Status.IN_FLIGHT.value},
+            {**_ids_and_buckets(docs), "status": Status.IN_FLIGHT.value},
             {"token": 1, "bucket": 1},
             batch_size=len(docs),
         ).to_list()
@@ -339,28 +344,29 @@ class ScheduleStore:
     async def complete(self, completions: Sequence[Completion]) -> int:
         """Write what delivery decided for each claimed schedule, only where its
         token still holds it (IN_FLIGHT, ``token == mine``); returns how many
-        were written. Completions whose update is the same (one-shot
-        schedules delivered in one round) share an ``UpdateMany`` per token."""
-        same: dict[tuple[int, str], tuple[dict[str, Any], list[str]]] = {}
+        were written. A schedule that ends here gets its ``expireAt``.
+        Completions whose update is the same (one-shot schedules delivered in
+        one round) share an ``UpdateMany`` per token."""
+        same: dict[tuple[int, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
         ops: list[UpdateMany | UpdateOne] = []
         for completion in completions:
-            update = _update_for(completion)
+            update = self._update_for(completion)
             if completion.occurrence is None and completion.due_at is None:
                 key = (completion.claimed.token, repr(update))
-                same.setdefault(key, (update, []))[1].append(completion.claimed.id)
+                same.setdefault(key, (update, []))[1].append(completion.claimed.doc)
             else:
                 ops.append(UpdateOne(self._owned(completion.claimed), update))
         ops.extend(
             UpdateMany(
                 {
-                    "_id": {"$in": chunk},
+                    **_ids_and_buckets(chunk),
                     "status": Status.IN_FLIGHT.value,
                     **self._fence("$eq", token),
                 },
                 update,
             )
-            for (token, _), (update, ids) in same.items()
-            for chunk in _chunks(ids)
+            for (token, _), (update, docs) in same.items()
+            for chunk in _chunks(docs)
         )
         if not ops:
             return 0
@@ -368,65 +374,58 @@ class ScheduleStore:
         return result.modified_count
 
     @store_call
-    async def unclaim(self, claims: Sequence[tuple[str, int]]) -> int:
-        """IN_FLIGHT -> PENDING again for (id, token) pairs this node may have
-        claimed but never published (a claim whose answer was lost), undoing
-        the claim's counters; only where that token still holds them. Returns
-        how many were put back."""
-        by_token: dict[int, list[str]] = defaultdict(list)
-        for schedule_id, token in claims:
-            by_token[token].append(schedule_id)
+    async def unclaim(self, claims: Sequence[Claimed]) -> int:
+        """IN_FLIGHT -> PENDING again for schedules this node may have claimed
+        but never published (a claim whose answer was lost), undoing the
+        claim's counters; only where its token still holds them. Returns how
+        many were put back."""
+        by_token: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for claimed in claims:
+            by_token[claimed.token].append(claimed.doc)
         ops = [
             UpdateMany(
                 {
-                    "_id": {"$in": chunk},
+                    **_ids_and_buckets(chunk),
                     "status": Status.IN_FLIGHT.value,
                     **self._fence("$eq", token),
                 },
                 {"$set": {"status": Status.PENDING.value}, "$inc": {"attempts": -1, "runs": -1}},
             )
-            for token, ids in by_token.items()
-            for chunk in _chunks(ids)
+            for token, docs in by_token.items()
+            for chunk in _chunks(docs)
         ]
         if not ops:
             return 0
         return (await self.schedules.bulk_write(ops, ordered=False)).modified_count
 
-    def _owned(self, item: Claimed) -> dict[str, Any]:
-        """The filter of a write completing one claimed schedule."""
-        return {"_id": item.id, "status": Status.IN_FLIGHT.value, **self._fence("$eq", item.token)}
-
-    def _fence(self, operator: str, token: int) -> dict[str, Any]:
-        """The token condition of an owner write."""
-        return {} if self.unfenced else {"token": {operator: token}}
-
     @store_call
     async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
-        """Make schedules left IN_FLIGHT by an older owner of our buckets due again.
+        """Make schedules left IN_FLIGHT by an older owner of ``tokens``' buckets
+        due again, under our token.
 
         Their former owner died or lost its lease mid-batch; it may or may not
         have published them, so re-delivering is at-least-once and each is a
         possible duplicate. Writing our token fences that former owner out.
+        One bounded read per bucket (usually empty), one write for all.
         """
-        if not tokens:
-            return []
-        # Everything in flight cluster-wide is one batch per node at most, so
-        # read it all from the status index and pick our buckets here.
-        in_flight = await self.schedules.find(
-            {"status": Status.IN_FLIGHT.value},
-            {"bucket": 1, "token": 1},
-            batch_size=MAX_WINDOW_PAGE,
-        ).to_list()
-        stale = [
-            s
-            for s in in_flight
-            if s["bucket"] in tokens and s.get("token", 0) < tokens[s["bucket"]]
-        ]
+        stale: list[dict[str, Any]] = []
+        for bucket, token in sorted(tokens.items()):
+            in_flight = await self.schedules.find(
+                {"bucket": bucket, "status": Status.IN_FLIGHT.value},
+                {"bucket": 1, "token": 1},
+            ).to_list()
+            self.documents_read["recover"] += len(in_flight)
+            stale += [s for s in in_flight if s.get("token", 0) < token]
         if not stale:
             return []
         ops = [
             UpdateOne(
-                {"_id": s["_id"], "status": Status.IN_FLIGHT.value, "token": s.get("token", 0)},
+                {
+                    "_id": s["_id"],
+                    "bucket": s["bucket"],
+                    "status": Status.IN_FLIGHT.value,
+                    "token": s.get("token", 0),
+                },
                 {"$set": {"status": Status.PENDING.value, "token": tokens[s["bucket"]]}},
             )
             for s in stale
@@ -434,43 +433,70 @@ class ScheduleStore:
         await self.schedules.bulk_write(ops, ordered=False)
         return [str(s["_id"]) for s in stale]
 
+    def _one(self, schedule_id: str) -> dict[str, Any]:
+        """The filter of one schedule: its id and its bucket."""
+        return {"_id": schedule_id, "bucket": bucket_of(schedule_id, self.bucket_count)}
 
-def _chunks(ids: list[str]) -> list[list[str]]:
-    return [ids[i : i + IDS_PER_STATEMENT] for i in range(0, len(ids), IDS_PER_STATEMENT)]
+    def _owned(self, item: Claimed) -> dict[str, Any]:
+        """The filter of a write completing one claimed schedule."""
+        return {
+            "_id": item.id,
+            "bucket": item.bucket,
+            "status": Status.IN_FLIGHT.value,
+            **self._fence("$eq", item.token),
+        }
 
+    def _fence(self, operator: str, token: int) -> dict[str, Any]:
+        """The token condition of an owner write."""
+        return {} if self.unfenced else {"token": {operator: token}}
 
-def _update_for(completion: Completion) -> dict[str, Any]:
-    """The update that records a completion (its decisions are already made)."""
-    occurrence = completion.occurrence
-    if occurrence is None:
-        fields: dict[str, Any] = {"status": completion.status.value}
+    def _update_for(self, completion: Completion) -> dict[str, Any]:
+        """The update that records a completion (its decisions are already made)."""
+        occurrence = completion.occurrence
+        fields: dict[str, Any] = {}
+        if occurrence is not None:
+            fields["lastError"] = completion.error
+            fields["lateStreak"] = occurrence.late_streak
+        fields["status"] = completion.status.value
         if completion.outcome == Outcome.DELIVERED:
             fields["deliveredAt"] = completion.at
-        if completion.due_at is not None:
-            fields["dueAt"] = completion.due_at
-        fields["lastError"] = completion.error
-        return {"$set": fields}
-    # A recurring schedule: the record of this occurrence and the next one
-    # (or the chain's end) in one write, so a crash can neither lose the chain
-    # nor run an occurrence twice on purpose (only the at-least-once repeat of
-    # an unmarked publish).
-    claimed = completion.claimed
-    record = {
-        "executeAt": occurrence.execute_at,
-        "outcome": completion.outcome.value,
-        "at": completion.at,
-        "attempts": claimed.attempt,
-        "token": claimed.token,
-        "error": completion.error,
-    }
-    fields = {"lastError": completion.error, "lateStreak": occurrence.late_streak}
-    if completion.outcome == Outcome.DELIVERED:
-        fields["deliveredAt"] = completion.at
-    fields["status"] = completion.status.value
-    if occurrence.next_at is not None:
-        fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
+        if completion.status in FINAL:
+            fields["expireAt"] = completion.at + self.retention
+        if occurrence is None:
+            if completion.due_at is not None:
+                fields["dueAt"] = completion.due_at
+            fields["lastError"] = completion.error
+            return {"$set": fields}
+        # A recurring schedule: the record of this occurrence and the next one
+        # (or the chain's end) in one write, so a crash can neither lose the
+        # chain nor run an occurrence twice on purpose (only the at-least-once
+        # repeat of an unmarked publish).
+        claimed = completion.claimed
+        record = {
+            "executeAt": occurrence.execute_at,
+            "outcome": completion.outcome.value,
+            "at": completion.at,
+            "attempts": claimed.attempt,
+            "token": claimed.token,
+            "error": completion.error,
+        }
+        if occurrence.next_at is not None:
+            fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
+        return {
+            "$set": fields,
+            "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped},
+            "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
+        }
+
+
+def _chunks(docs: Sequence[dict[str, Any]]) -> list[Sequence[dict[str, Any]]]:
+    return [docs[i : i + IDS_PER_STATEMENT] for i in range(0, len(docs), IDS_PER_STATEMENT)]
+
+
+def _ids_and_buckets(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The filter of several schedules: their ids, then their buckets (so a
+    sharded cluster asks only the shards that hold them)."""
     return {
-        "$set": fields,
-        "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped},
-        "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
+        "_id": {"$in": [d["_id"] for d in docs]},
+        "bucket": {"$in": sorted({int(d["bucket"]) for d in docs})},
     }

@@ -1,0 +1,213 @@
+"""What this node knows of the due work in each bucket it holds: the seed's
+"actor-like approach and caching" (seeds/000), so that a node reads only
+its own buckets, and of those only the ones that need it.
+
+Each held bucket keeps a view: the PENDING schedules its last read returned
+(due already, or within the look-ahead), when that read was, and whether it
+returned its limit (then more is waiting behind it). A round reads a bucket
+only when
+
+* its view is missing: the bucket was just gained, or was marked stale (a
+  hint of work due before the bucket's next read, a claim that failed);
+* its cached due work ran out and its last read was full: more is due;
+* its view is older than the refresh interval and holds nothing due yet:
+  other nodes accept schedules for every bucket, and the hint they send for
+  one due soon may have been lost, so a lost hint costs at most a refresh
+  interval of lateness, never a delivery.
+
+Everything else costs the store nothing: a bucket with cached due work is
+served from the cache, an idle one is read once a refresh interval whatever
+the backlog of other buckets or of the future. A read returns a bucket's
+PENDING schedules due by its ``until``, from the earliest, so it replaces
+the view (a schedule claimed or cancelled since is simply not returned).
+
+Pure: no IO and no clock reads; times are passed in (wall time for due
+times, monotonic seconds for when a read happened).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from node.schedule.times import aware
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Read:
+    """Read ``bucket``'s PENDING schedules due by ``until``, at most ``limit``."""
+
+    bucket: int
+    token: int
+    until: datetime
+    limit: int
+
+
+@dataclass
+class _View:
+    token: int
+    docs: list[Doc] = field(default_factory=list)  # read and not yet taken, earliest first
+    read_at: float | None = None  # monotonic; None: read it before anything else
+    until: datetime | None = None  # the last read's bound
+    full: bool = False  # the last read returned its limit
+
+
+class DueBook:
+    def __init__(self, *, refresh: float, budget: int, min_read: int = 16) -> None:
+        # Seconds after which an idle bucket is read again (POLL_INTERVAL).
+        self.refresh = refresh
+        # Most schedules held in views at once, over all buckets: a backlog
+        # is read a few batches at a time, not whole into memory.
+        self.budget = budget
+        self.min_read = min_read
+        self._views: dict[int, _View] = {}
+
+    # -- what the node holds ------------------------------------------------------
+
+    def sync(self, tokens: Mapping[int, int]) -> set[int]:
+        """Follow the leases: forget buckets no longer held, start a missing
+        view for those gained (or taken again under a new token). Returns the
+        buckets gained."""
+        for bucket in [b for b in self._views if b not in tokens]:
+            del self._views[bucket]
+        gained = set()
+        for bucket, token in tokens.items():
+            view = self._views.get(bucket)
+            if view is None or view.token != token:
+                self._views[bucket] = _View(token)
+                gained.add(bucket)
+        return gained
+
+    # -- what to read, and what was read -------------------------------------------
+
+    def reads(self, now: datetime, monotonic: float, lookahead: float) -> list[Read]:
+        """The buckets this round must read (see the module docstring).
+        ``lookahead`` must be at least the refresh interval: a schedule due
+        after a view's bound is then read by a refresh before it is due."""
+        until = now + timedelta(seconds=lookahead)
+        wanted = [
+            (bucket, view)
+            for bucket, view in sorted(self._views.items())
+            if self._needs_read(view, now, monotonic)
+        ]
+        if not wanted:
+            return []
+        # What the reads replace is not counted: the budget is shared by what
+        # stays cached elsewhere and what these reads bring.
+        reading = {bucket for bucket, _ in wanted}
+        kept = sum(len(v.docs) for b, v in self._views.items() if b not in reading)
+        limit = max(self.min_read, max(0, self.budget - kept) // len(wanted))
+        return [Read(bucket, view.token, until, limit) for bucket, view in wanted]
+
+    def learned(self, read: Read, docs: Sequence[Doc], monotonic: float) -> None:
+        """A read came back: it is the bucket's view now."""
+        view = self._views.get(read.bucket)
+        if view is None or view.token != read.token:
+            return  # lost or retaken meanwhile: what was read is not ours to use
+        view.docs = sorted(docs, key=_due)
+        view.read_at = monotonic
+        view.until = read.until
+        view.full = len(docs) >= read.limit
+
+    def stale(self, buckets: Iterable[int]) -> None:
+        """Read these again before anything else."""
+        for bucket in buckets:
+            view = self._views.get(bucket)
+            if view is not None:
+                view.read_at = None
+
+    # -- what the rest of the node tells ----------------------------------------------
+
+    def hint(self, bucket: int, due_at: datetime) -> bool:
+        """A schedule of ``bucket`` falls due at ``due_at``: True when the view
+        would not have seen it in time (it is then read at once)."""
+        view = self._views.get(bucket)
+        if view is None:
+            return False
+        if view.read_at is None:
+            return True  # read first thing anyway
+        if view.until is not None and due_at > view.until:
+            return False  # after the view's bound: a refresh reads it before it is due
+        view.read_at = None
+        return True
+
+    def accepted(self, doc: Doc) -> bool:
+        """This node stored ``doc``: add it to its bucket's view when the view
+        covers its due time (no read needed). True when held here."""
+        view = self._views.get(int(doc["bucket"]))
+        if view is None:
+            return False
+        covered = view.read_at is not None and view.until is not None and _due(doc) <= view.until
+        # A read may have returned it already (it landed before the read).
+        if covered and all(d["_id"] != doc["_id"] for d in view.docs):
+            view.docs.append(doc)
+            view.docs.sort(key=_due)
+        return True
+
+    # -- the round ------------------------------------------------------------------
+
+    def due(self, now: datetime) -> list[Doc]:
+        """Every cached schedule due by ``now``, earliest first."""
+        pool = [d for view in self._views.values() for d in view.docs if _due(d) <= now]
+        return sorted(pool, key=_due)
+
+    def taken(self, docs: Iterable[Doc]) -> None:
+        """These were claimed, or tried: out of the views (what a failed
+        claim left is read again when its bucket's view is)."""
+        by_bucket: dict[int, set[str]] = {}
+        for doc in docs:
+            by_bucket.setdefault(int(doc["bucket"]), set()).add(str(doc["_id"]))
+        for bucket, ids in by_bucket.items():
+            view = self._views.get(bucket)
+            if view is not None:
+                view.docs = [d for d in view.docs if str(d["_id"]) not in ids]
+
+    @property
+    def saturated(self) -> bool:
+        """Some bucket has more due work than its view holds: other tenants'
+        schedules may wait behind one tenant's backlog there."""
+        return any(view.full for view in self._views.values())
+
+    def frontier(self) -> datetime | None:
+        """The latest due time up to which the book holds every due schedule
+        of every bucket: a full view knows nothing after its last schedule.
+        None: no view is full, the book holds all of it."""
+        return min(
+            (_due(view.docs[-1]) for view in self._views.values() if view.full and view.docs),
+            default=None,
+        )
+
+    def next_due(self) -> datetime | None:
+        """The earliest cached due time."""
+        return min((_due(view.docs[0]) for view in self._views.values() if view.docs), default=None)
+
+    def next_read(self) -> float | None:
+        """The monotonic time the next refresh of an idle bucket falls due
+        (a missing view: now, that is the earliest time there is)."""
+        times = [
+            float("-inf") if view.read_at is None else view.read_at + self.refresh
+            for view in self._views.values()
+        ]
+        return min(times, default=None)
+
+    def held(self) -> dict[int, int]:
+        return {bucket: view.token for bucket, view in self._views.items()}
+
+    # -- inside ---------------------------------------------------------------------
+
+    def _needs_read(self, view: _View, now: datetime, monotonic: float) -> bool:
+        if view.read_at is None:
+            return True
+        if any(_due(d) <= now for d in view.docs):
+            return False  # work in hand: deliver it first
+        if view.full and not view.docs:
+            return True  # the backlog behind the last read
+        return monotonic - view.read_at >= self.refresh
+
+
+def _due(doc: Doc) -> datetime:
+    return aware(doc["dueAt"])

@@ -1,0 +1,225 @@
+"""The production data path (DESIGN.md): every command on ``schedules``
+names its bucket, so a sharded cluster sends it to the shard that holds it;
+and a schedule that has ended is removed after RETENTION.
+
+Recorded with pymongo's command monitoring, through a whole life: POST, the
+batch API, GET, list, DELETE, delivery, a retry, a dead letter, a recurring
+chain's advance, and recovery of work an older owner left in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pymongo import monitoring
+from pymongo.errors import OperationFailure
+
+from node.process import Node
+from ring import bucket_for
+from tests.conftest import (
+    EmbeddedServers,
+    NodeFactory,
+    TopicReader,
+    make_config,
+    unique,
+    wait_until,
+)
+from tests.test_delivery import FailingPublisher
+from tests.test_recurring import stamp
+
+BUCKETS = 16
+# The two queries that span every bucket by nature, and why: a tenant's
+# schedules hash to every bucket. Listing them (GET /v1/schedules pages by
+# tenant and _id) and counting its PENDING ones (its max-pending quota).
+SPANNING = ("list a tenant's schedules", "count a tenant's PENDING schedules")
+
+
+class Recorder(monitoring.CommandListener):
+    """Every command a client sends to one database's ``schedules``."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+        self.active = True
+        self.commands: list[tuple[str, dict[str, Any]]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.active and event.database_name == self.database:
+            command = dict(event.command)
+            if command.get(event.command_name) == "schedules":
+                self.commands.append((event.command_name, command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def filters(name: str, command: dict[str, Any]) -> list[dict[str, Any]]:
+    """The filters (or inserted documents) a command carries."""
+    if name == "insert":
+        return list(command["documents"])
+    if name in ("update", "delete"):
+        return [statement["q"] for statement in command[f"{name}s"]]
+    if name in ("find", "count"):
+        return [command.get("filter", command.get("query", {}))]
+    if name == "aggregate":
+        return [stage["$match"] for stage in command["pipeline"] if "$match" in stage]
+    return []
+
+
+def spanning(name: str, command: dict[str, Any]) -> str | None:
+    """Which of the SPANNING queries this is, if one."""
+    if name not in ("find", "aggregate"):
+        return None
+    [query] = filters(name, command) or [{}]
+    if (
+        name == "find"
+        and set(query) <= {"tenant", "status", "_id"}
+        and command.get("sort") == {"_id": 1}
+    ):
+        return SPANNING[0]
+    if name == "aggregate" and set(query) == {"tenant", "status"}:
+        return SPANNING[1]
+    return None
+
+
+async def test_every_command_on_schedules_names_its_bucket(
+    start_node: NodeFactory, servers: EmbeddedServers, database_name: str, mongo: Any
+) -> None:
+    # Left in flight by an older owner (token 0) before this node started.
+    orphan = "orphan-1"
+    await mongo.schedules.insert_one(
+        {
+            "_id": orphan,
+            "tenant": "default",
+            "topic": "life",
+            "executeAt": datetime.now(UTC),
+            "dueAt": datetime.now(UTC),
+            "bucket": bucket_for(orphan, BUCKETS),
+            "status": "IN_FLIGHT",
+            "token": 0,
+            "attempts": 1,
+            "payload": b"1",
+            "payloadFormat": "json",
+            "headers": {},
+        }
+    )
+    recorder = Recorder(database_name)
+    monitoring.register(recorder)
+    try:
+        node = Node(
+            make_config(
+                servers,
+                database_name,
+                buckets=str(BUCKETS),
+                retry_backoff="0.05",
+                max_attempts="2",
+                dead_letter_topic=unique("dead"),
+            )
+        )
+        topic = unique("life")
+        node.publisher = node.poller.publisher = FailingPublisher(
+            node.publisher, topic, {"retried": 1, "dead": 2}
+        )
+        handle = await start_node(node)
+        now = datetime.now(UTC)
+
+        async def post(body: dict[str, Any]) -> dict[str, Any]:
+            status, answer = await handle.request("POST", "/v1/schedules", json=body)
+            assert status == 201, answer
+            return dict(answer)
+
+        for schedule_id in ("plain", "retried", "dead"):
+            await post({"id": schedule_id, "topic": topic, "executeAt": stamp(now), "payload": 1})
+        later = stamp(now + timedelta(hours=1))
+        await post({"id": "to-cancel", "topic": topic, "executeAt": later, "payload": 1})
+        start = stamp(now + timedelta(seconds=1))
+        await post(
+            {"id": "chain", "topic": topic, "payload": 1,
+             "recurrence": {"every": "PT1S", "start": start}}
+        )  # fmt: skip
+        status, batch = await handle.request(
+            "POST",
+            "/v1/schedules:batch",
+            json={"schedules": [{"id": "b1", "topic": topic, "executeAt": later, "payload": 1}]},
+        )
+        assert status == 200 and batch["created"] == 1
+        assert (await handle.request("GET", "/v1/schedules/plain"))[0] == 200
+        assert (await handle.request("GET", "/v1/schedules/plain/history"))[0] == 200
+        assert (await handle.request("GET", "/v1/schedules?limit=2"))[0] == 200
+        assert (await handle.request("DELETE", "/v1/schedules/to-cancel"))[0] == 200
+
+        async def lived() -> bool:
+            docs = {d["_id"]: d for d in await mongo.schedules.find({}).to_list()}
+            return (
+                docs["plain"]["status"] == "DELIVERED"
+                and docs["retried"]["status"] == "DELIVERED"
+                and docs["dead"]["status"] == "DELIVERY_FAILED"
+                and docs[orphan]["status"] == "DELIVERED"
+                and docs["chain"].get("occurrences", 0) >= 2
+            )
+
+        await wait_until(
+            lived, within=60, what="delivery, a retry, a dead letter, a recovery, a chain"
+        )
+    finally:
+        recorder.active = False
+    kinds = {name for name, _ in recorder.commands}
+    assert {"insert", "find", "update"} <= kinds, kinds
+    unnamed = []
+    seen_spanning = set()
+    for name, command in recorder.commands:
+        why = spanning(name, command)
+        if why is not None:
+            seen_spanning.add(why)
+            continue
+        for query in filters(name, command):
+            if "bucket" not in query:
+                unnamed.append((name, query))
+    assert unnamed == [], unnamed
+    assert seen_spanning == {SPANNING[0]}  # the list; no quota was configured
+
+
+async def test_an_ended_schedule_is_removed_after_the_retention_a_live_one_never(
+    start_node: NodeFactory, servers: EmbeddedServers, mongo: Any
+) -> None:
+    handle = await start_node(retention="1")
+    topic = unique("retention")
+    now = datetime.now(UTC)
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        bodies = [
+            {"id": "sent", "topic": topic, "executeAt": stamp(now), "payload": 1},
+            {"id": "cancelled", "topic": topic, "payload": 1,
+             "executeAt": stamp(now + timedelta(hours=1))},
+            {"id": "waiting", "topic": topic, "payload": 1,
+             "executeAt": stamp(now + timedelta(hours=1))},
+            {"id": "chain", "topic": topic, "payload": 1,
+             "recurrence": {"every": "PT1H", "start": stamp(now + timedelta(seconds=1))}},
+        ]  # fmt: skip
+        for body in bodies:
+            assert (await handle.request("POST", "/v1/schedules", json=body))[0] == 201
+        assert (await handle.request("DELETE", "/v1/schedules/cancelled"))[0] == 200
+        await reader.wait_for(2)  # "sent", and the chain's first occurrence
+
+    async def ended_marked() -> bool:
+        docs = {d["_id"]: d for d in await mongo.schedules.find({}).to_list()}
+        return "expireAt" in docs.get("sent", {}) or "sent" not in docs
+
+    await wait_until(ended_marked, what="the delivered schedule to get its expireAt")
+    kept = await mongo.schedules.find({"_id": {"$in": ["waiting", "chain"]}}).to_list()
+    assert all("expireAt" not in d for d in kept)  # a live one, and a chain still going
+
+    async def removed() -> bool:
+        # SecantusDB sweeps expired documents every 60 s; its admin command
+        # runs a sweep now. A MongoDB server's TTL monitor needs no help.
+        with contextlib.suppress(OperationFailure):
+            await mongo.client.admin.command("secantusAdmin.pruneTtl")
+        ids = {d["_id"] for d in await mongo.schedules.find({}, {"_id": 1}).to_list()}
+        return ids == {"waiting", "chain"}
+
+    await wait_until(removed, within=30, what="the ended schedules to be removed")
+    status, _ = await handle.request("GET", "/v1/schedules/sent")
+    assert status == 404  # past the retention, and so past the idempotency window

@@ -1,0 +1,169 @@
+"""The per-bucket views of due work (node/delivery/due_book.py), in virtual
+time: which buckets a round reads, and that nothing is ever missed."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from node.delivery.due_book import DueBook, Read
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+REFRESH = 1.0
+
+
+def doc(schedule_id: str, bucket: int, due: float) -> dict[str, Any]:
+    return {"_id": schedule_id, "bucket": bucket, "dueAt": T0 + timedelta(seconds=due)}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class Store:
+    """PENDING schedules by bucket, answering reads as the store would."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.reads = 0
+
+    def answer(self, read: Read) -> list[dict[str, Any]]:
+        self.reads += 1
+        found = sorted(
+            (
+                d
+                for d in self.pending.values()
+                if d["bucket"] == read.bucket and d["dueAt"] <= read.until
+            ),
+            key=lambda d: d["dueAt"],
+        )
+        return found[: read.limit]
+
+
+def round_(book: DueBook, store: Store, now: float) -> list[Read]:
+    reads = book.reads(at(now), now, lookahead=REFRESH)
+    for read in reads:
+        book.learned(read, store.answer(read), now)
+    return reads
+
+
+def test_gained_buckets_are_read_and_lost_ones_forgotten() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=100), Store()
+    assert book.sync({1: 5, 2: 5}) == {1, 2}
+    assert [r.bucket for r in round_(book, store, 0.0)] == [1, 2]
+    assert book.sync({2: 5, 3: 7}) == {3}
+    assert book.held() == {2: 5, 3: 7}
+    assert [r.bucket for r in round_(book, store, 0.05)] == [3]
+    assert book.sync({2: 6, 3: 7}) == {2}  # retaken under a new token: read again
+    assert [r.bucket for r in round_(book, store, 0.1)] == [2]
+
+
+def test_an_idle_bucket_is_read_once_a_refresh_interval_not_every_round() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=100), Store()
+    book.sync({1: 1})
+    round_(book, store, 0.0)
+    assert round_(book, store, 0.3) == []
+    assert round_(book, store, 0.9) == []
+    assert [r.bucket for r in round_(book, store, 1.0)] == [1]
+    assert book.next_read() == 2.0
+
+
+def test_cached_due_work_is_served_without_a_read_and_a_full_read_reads_on() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=100, min_read=2), Store()
+    book.sync({1: 1})
+    for i in range(5):
+        store.pending[f"s{i}"] = doc(f"s{i}", 1, 0.0)
+    [read] = round_(book, store, 0.0)
+    assert read.limit == 100
+    assert [d["_id"] for d in book.due(at(0.0))] == [f"s{i}" for i in range(5)]
+    assert round_(book, store, 0.1) == []  # work in hand
+
+
+def test_a_full_read_is_followed_by_the_next_as_soon_as_its_work_is_taken() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=4, min_read=2), Store()
+    book.sync({1: 1, 2: 1})
+    for i in range(10):
+        store.pending[f"s{i}"] = doc(f"s{i}", 1, 0.0)
+    reads = round_(book, store, 0.0)
+    assert [r.limit for r in reads] == [2, 2]  # the budget, shared
+    assert book.saturated
+    assert book.frontier() == at(0.0)
+    first = book.due(at(0.0))
+    assert len(first) == 2
+    for d in first:
+        del store.pending[d["_id"]]
+    book.taken(first)
+    assert [r.bucket for r in round_(book, store, 0.05)] == [1]  # bucket 2 was not full
+    assert {d["_id"] for d in book.due(at(0.05))}.isdisjoint({d["_id"] for d in first})
+
+
+def test_a_hint_inside_the_view_s_bound_reads_again_one_after_it_does_not() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=100), Store()
+    book.sync({1: 1})
+    round_(book, store, 0.0)  # bound: 1.0
+    assert not book.hint(1, at(1.5))  # a refresh reads it in time
+    assert round_(book, store, 0.2) == []
+    assert book.hint(1, at(0.5))
+    assert [r.bucket for r in round_(book, store, 0.2)] == [1]
+    assert not book.hint(9, at(0.5))  # not ours
+
+
+def test_this_node_s_own_insert_joins_the_view_without_a_read() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=100), Store()
+    book.sync({1: 1})
+    round_(book, store, 0.0)
+    mine = doc("mine", 1, 0.4)
+    assert book.accepted(mine)
+    assert book.next_due() == at(0.4)
+    assert round_(book, store, 0.4) == []
+    assert book.accepted(mine)  # told twice (or read as well): held once
+    assert book.due(at(0.4)) == [mine]
+    assert not book.accepted(doc("other", 2, 0.4))
+
+
+def test_a_read_for_a_bucket_retaken_meanwhile_is_not_used() -> None:
+    book = DueBook(refresh=REFRESH, budget=100)
+    book.sync({1: 1})
+    [read] = book.reads(at(0.0), 0.0, REFRESH)
+    book.sync({1: 2})
+    book.learned(read, [doc("old", 1, 0.0)], 0.0)
+    assert book.due(at(0.0)) == []
+
+
+def test_nothing_is_missed_when_hints_are_lost() -> None:
+    """Other nodes insert into our buckets at random times, due at random
+    times, and half of their hints are lost; this node inserts some itself.
+    Every schedule reaches the due pool no later than a refresh interval
+    after it is due, and an idle bucket costs a read a refresh interval."""
+    rng = random.Random(7)
+    book, store = DueBook(refresh=REFRESH, budget=1000), Store()
+    buckets = {b: 1 for b in range(8)}
+    book.sync(buckets)
+    inserted: dict[str, float] = {}  # id -> when it is owed: due, or inserted if later
+    seen: dict[str, float] = {}
+    step, now = 0.05, 0.0
+    while now < 60.0:
+        for _ in range(rng.randrange(3)):
+            name = f"s{len(inserted)}"
+            due = now + rng.choice([-1.0, 0.0, 0.2, 0.9, 1.5, 3.0, 10.0]) * rng.random()
+            new = doc(name, rng.randrange(8), due)
+            store.pending[name] = new
+            inserted[name] = max(due, now)
+            if rng.random() < 0.2:
+                book.accepted(new)  # this node's own insert
+            elif due - now <= REFRESH and rng.random() < 0.5:
+                book.hint(new["bucket"], new["dueAt"])  # a hint that arrived
+        round_(book, store, now)
+        pool = book.due(at(now))
+        for d in pool:
+            seen.setdefault(d["_id"], now)
+            store.pending.pop(d["_id"], None)
+        book.taken(pool)
+        now = round(now + step, 2)
+    for name, owed in inserted.items():
+        if owed < 58.0:
+            assert name in seen, name
+            assert seen[name] - owed <= REFRESH + step + 1e-9, (name, owed, seen[name])
+    # Idle reads: about one per bucket per refresh interval, plus the hinted ones.
+    assert store.reads < 8 * 60 / REFRESH * 2
