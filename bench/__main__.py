@@ -23,7 +23,9 @@ from bench import (
     fairness_bench,
     ingest_bench,
     membership_bench,
+    retention_bench,
     ring_bench,
+    scale_bench,
 )
 from bench.report import write
 
@@ -41,6 +43,8 @@ SUITES = {
     "membership": Suite(membership_bench.measure, membership_bench.render),
     "ingest": Suite(ingest_bench.measure, ingest_bench.render),
     "delivery": Suite(delivery_bench.measure, delivery_bench.render),
+    "scale": Suite(scale_bench.measure, scale_bench.render),
+    "retention": Suite(retention_bench.measure, retention_bench.render),
     "failover": Suite(failover_bench.measure, failover_bench.render),
     "fairness": Suite(fairness_bench.measure, fairness_bench.render),
 }

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -41,6 +42,11 @@ class System:
 
     def pids(self) -> list[int]:
         raise NotImplementedError
+
+    async def documents_read(self) -> float | None:
+        """Documents the system's reads of due work returned so far, where it
+        counts them (None: it does not)."""
+        return None
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -76,10 +82,28 @@ class Scheduler(System):
         assert self.cluster is not None
         return [n.process.pid for n in self.cluster.nodes.values()]
 
+    async def documents_read(self) -> float | None:
+        """scheduler_store_documents_read_total over every node, every query."""
+        assert self.cluster is not None
+        total = 0.0
+        for node in self.cluster.nodes.values():
+            text = await asyncio.to_thread(_get_text, node.url + "/metrics")
+            total += sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("scheduler_store_documents_read_total{")
+            )
+        return total
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
+
+
+def _get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
 
 
 @dataclass

@@ -62,6 +62,7 @@ class Judgement:
     records_per_s: float  # distinct schedules delivered per second of that
     lateness_s: dict[str, float]  # p50, p99, max, mean of first deliveries
     lateness_is_lower_bound: bool  # undelivered ones counted as late as the cut-off
+    first_lateness_s: float  # the earliest record's lateness: how soon delivery began
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -103,6 +104,7 @@ def judge(
         records_per_s=len(first) / seconds,
         lateness_s=summary(lateness),
         lateness_is_lower_bound=bool(undelivered),
+        first_lateness_s=min((at - due_of[i] for i, at in first.items()), default=math.nan),
     )
 
 

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,33 @@ def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None
     assert len(result["aims"]) == 6
     text = delivery_bench.render(result)
     assert "vs apscheduler" in text and "aim " in text
+
+
+def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
+    from bench.scale_bench import aims, ratios
+
+    def row(n: int, due: int, per_s: float, store_cpu: float, read: float, first: float) -> Any:
+        return {
+            "processes": n,
+            "expected": due,
+            "records_per_s": per_s,
+            "cpu_s_per_1000": {"store": store_cpu},
+            "documents_read_per_record": read,
+            "first_lateness_s": first,
+        }
+
+    result: dict[str, Any] = {
+        "bursts": [row(1, 20000, 100, 8.0, 1.0, 0.5), row(2, 20000, 90, 8.8, 1.1, 0.6),
+                   row(3, 20000, 120, 9.5, 1.3, 0.4)],
+        "firsts": [row(1, 2000, 100, 8, 1.0, 0.7), row(3, 2000, 100, 8, 1.0, 1.4)],
+        "empty": {"idle_ops_per_s": 100.0, "burst": {"records_per_s": 100.0}},
+        "backlog": {"idle_ops_per_s": 130.0, "burst": {"records_per_s": 90.0}},
+    }  # fmt: skip
+    result["ratios"] = ratios(result)
+    assert result["ratios"]["throughput_over_one_node"] == {1: 1.0, 2: 0.9, 3: 1.2}
+    verdicts = {a["aim"]: a["met"] for a in aims(result)}
+    assert [v for k, v in verdicts.items() if k.startswith("documents read")] == [True, True, False]
+    # N = 2 is slower, but the store was the limit and its CPU per record held.
+    assert [v for k, v in verdicts.items() if k.startswith("burst throughput")] == [True, True]
+    assert [v for k, v in verdicts.items() if "first record" in k] == [True, False]
+    assert [v for k, v in verdicts.items() if k.startswith("future backlog")] == [True, False]
