@@ -105,6 +105,11 @@ class TopicNotAllowed(SchedulerError, code="topic_not_allowed", status_hint=403)
     """The topic is outside the tenant's allowed prefixes."""
 
 
+class UnknownTopic(SchedulerError, code="unknown_topic", status_hint=422):
+    """The broker answered that the topic does not exist, and it does not
+    create topics on first use: the schedule could never be delivered."""
+
+
 class RateLimited(SchedulerError, code="rate_limited", status_hint=429, retriable=True):
     """Over the tenant's rate; ``retry_after`` says when a token is due."""
 

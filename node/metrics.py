@@ -91,7 +91,8 @@ class NodeMetrics:
         )
         self.deliveries = Counter(
             "scheduler_deliveries_total",
-            "Publish outcomes: delivered, retried, failed, abandoned (lease lost mid-batch), "
+            "Publish outcomes: delivered, retried, failed, deferred (the broker could not take "
+            "it: back to PENDING, no attempt spent), abandoned (lease lost mid-batch), "
             "fenced (published, but a newer owner had taken over), skipped (a missed "
             "occurrence of a recurring schedule under the skip policy)",
             ["outcome"],
@@ -157,6 +158,12 @@ class NodeMetrics:
         self.history_written = Counter(
             "scheduler_history_written_total", "Execution history records written", registry=r
         )
+        self.broker_available = Gauge(
+            "scheduler_broker_available",
+            "0 while this node finds the broker down (claiming paused, no attempt spent), else 1",
+            registry=r,
+        )
+        self.broker_available.set(1)
         self.producer_idempotent = Gauge(
             "scheduler_producer_idempotent",
             "1 when the Kafka producer is idempotent (a producer retry cannot publish a "

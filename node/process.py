@@ -136,6 +136,7 @@ class Node:
             self.directory,
             PendingQuota(self.store.count_pending),
             alive_nodes=lambda: len(self._alive_members()),
+            topic_known=lambda topic: self.publisher.topic_known(topic),
         )
         self.publisher = KafkaPublisher(
             config.kafka_bootstrap, client_id=config.node_id, idempotence=config.kafka_idempotence

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.publisher import Failed, KafkaPublisher
 from node.ops import embedded
 from node.process import Node
 from node.schedule.record import Record
@@ -204,15 +204,16 @@ class FailingPublisher(KafkaPublisher):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # idempotent, refusal: the real producer's
 
-    async def publish(self, records: Sequence[Record]) -> list[BaseException | None]:
-        results: list[BaseException | None] = [None] * len(records)
+    async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
+        results: list[Failed | None] = [None] * len(records)
         passed = []
         for i, record in enumerate(records):
             headers = dict(record.headers)
             schedule_id = headers["schedule-id"].decode()
             attempt = int(headers["attempt"])
             if record.topic == self.topic and attempt <= self.failures.get(schedule_id, 0):
-                results[i] = ConnectionError(f"injected failure {attempt}")
+                # The record's own fault (say, too large): it spends an attempt.
+                results[i] = Failed(f"MessageSizeTooLargeError: injected failure {attempt}", False)
             else:
                 passed.append(i)
         sent = await self.inner.publish([records[i] for i in passed])

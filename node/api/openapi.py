@@ -22,6 +22,7 @@ ERROR_CODES = (
     "unauthorized",  # 401: no API key, or an unknown or revoked one (auth on)
     "forbidden",  # 403: another tenant's scope, or an operator route without admin
     "topic_not_allowed",  # 403: the topic is outside the tenant's allowed prefixes
+    "unknown_topic",  # 422: the broker has no such topic and does not create topics
     "rate_limited",  # 429: over the tenant's rate; Retry-After says when to retry
     "quota_exceeded",  # 429: the tenant has its maximum of PENDING schedules
     "store_unavailable",  # 503: MongoDB did not answer; retry
@@ -62,6 +63,7 @@ _TENANT = {
 _ADMISSION = {
     "403": _error("Another tenant named (forbidden), or a topic outside the tenant's "
                   "prefixes (topic_not_allowed)"),
+    "422": _error("The broker has no such topic and does not create topics (unknown_topic)"),
     "429": _error("Over the tenant's rate (rate_limited, with Retry-After) or its "
                   "pending maximum (quota_exceeded)"),
 }  # fmt: skip

@@ -17,6 +17,13 @@ time.
 | publish failed, no attempts left  | DELIVERY_FAILED     | next occurrence (recorded failed); |
 |                                   |                     | DELIVERY_FAILED at the end         |
 | missed, misfire policy ``skip``   | -                   | next occurrence (recorded skipped) |
+| no attempts left, and the         | PENDING at now +    | the same occurrence PENDING at     |
+| dead-letter publish failed too    | backoff             | now + backoff                      |
+
+A publish the broker could not take (unreachable, timed out, no leader, not
+enough replicas) is not a failure of the schedule and spends no attempt: the
+poller puts it back as it was (``node/delivery/poller.py``). Only a
+record's own fault (too large, a topic the broker refuses) counts here.
 
 Attempts are counted per occurrence; the policy is the schedule's own
 ``retry`` or else the node's (``MAX_ATTEMPTS``, ``RETRY_BACKOFF``,
@@ -62,10 +69,14 @@ class Rules:
     def skipped(self, claimed: Claimed, now: datetime) -> Completion:
         return self._next_occurrence(claimed, Outcome.SKIPPED, now)
 
-    def failed(self, claimed: Claimed, error: str, now: datetime) -> Completion:
-        """A failed publish: retried after a backoff, or final past the limit."""
+    def failed(
+        self, claimed: Claimed, error: str, now: datetime, *, dead_letter_failed: bool = False
+    ) -> Completion:
+        """A failed publish: retried after a backoff, or final past the limit
+        (unless its dead-letter record could not be published either: it
+        then keeps retrying, so it never ends without a record)."""
         policy = policy_of(claimed.doc, self.retry)
-        if not policy.exhausted(claimed.attempt):
+        if not policy.exhausted(claimed.attempt) or dead_letter_failed:
             due_at = now + policy.delay(claimed.attempt, self.rng)
             return Completion(
                 claimed, Outcome.RETRYING, Status.PENDING, now, error=error, due_at=due_at

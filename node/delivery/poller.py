@@ -47,7 +47,7 @@ from node.delivery.fairness import by_due, fair_share
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.publisher import Failed, KafkaPublisher
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from node.schedule.model import Status
@@ -68,6 +68,10 @@ CONCURRENT_READS = 8
 # How often every held bucket is searched for what an older owner left in
 # flight, besides when it is gained (seconds).
 RECOVERY_SWEEP = 30.0
+# While the broker is down, the wait before probing it again: doubling from
+# the first to the last (seconds).
+BROKER_BACKOFF = 0.5
+BROKER_BACKOFF_MAX = 10.0
 
 
 class BucketPoller:
@@ -120,6 +124,10 @@ class BucketPoller:
         # made but were never published. Settled first thing next round.
         self._unsettled: list[Completion] = []
         self._unclaimed: list[Claimed] = []
+        # Set while the broker is found down: no claim before this
+        # (monotonic), and then only after a probe answers.
+        self._broker_retry_at: float | None = None
+        self._broker_backoff = 0.0
 
     # -- signals from the rest of the node ---------------------------------------
 
@@ -212,6 +220,11 @@ class BucketPoller:
         if self._unsettled or self._unclaimed:
             await self._settle()
         await self._recover(tokens, gained)
+        if not await self._broker_ready():
+            # Nothing is read or claimed while the broker is down: what is due
+            # stays PENDING, and no attempt is spent on an outage.
+            assert self._broker_retry_at is not None
+            return max(0.0, self._broker_retry_at - self.monotonic())
         now, monotonic = self.wall(), self.monotonic()
         started = time.perf_counter()
         await self._read(self.book.reads(now, monotonic, self.poll_interval))
@@ -379,18 +392,28 @@ class BucketPoller:
         results = await self.publisher.publish(records)
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
 
-        delivered = [c for c, err in zip(live, results, strict=True) if err is None]
+        delivered = [c for c, failure in zip(live, results, strict=True) if failure is None]
+        # The broker's trouble spends no attempt: those wait for the broker.
+        deferred = [c for c, f in zip(live, results, strict=True) if f is not None and f.broker]
         failures = [
-            (c, f"{type(err).__name__}: {err}")
-            for c, err in zip(live, results, strict=True)
-            if err is not None
+            (c, f.error)
+            for c, f in zip(live, results, strict=True)
+            if f is not None and not f.broker
         ]
+        if deferred:
+            await self._defer(
+                deferred, [f for f in results if f is not None and f.broker], delivered
+            )
         done_at = self.wall()
         done = [self.rules.delivered(c, done_at) for c in delivered]
         exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
+        unsent: set[str] = set()
         if exhausted and self.dead_letter_topic:
-            await self._dead_letter(exhausted)
-        failed = [self.rules.failed(c, error, done_at) for c, error in failures]
+            unsent = await self._dead_letter(exhausted)
+        failed = [
+            self.rules.failed(c, error, done_at, dead_letter_failed=c.id in unsent)
+            for c, error in failures
+        ]
         try:
             started = time.perf_counter()
             marked = await self._write(done) if done else 0
@@ -481,7 +504,57 @@ class BucketPoller:
             ]
         )
 
-    async def _dead_letter(self, failures: list[tuple[Claimed, str]]) -> None:
+    async def _defer(
+        self, deferred: list[Claimed], reasons: list[Failed], delivered: list[Claimed]
+    ) -> None:
+        """The broker could not take these: back to PENDING with the attempt
+        undone (an outage must not spend the retry budget). When it took
+        nothing of the batch, it is down: claim nothing until it answers."""
+        self.metrics.deliveries.labels("deferred").inc(len(deferred))
+        try:
+            await self.store.unclaim(deferred)
+        except Exception:
+            self._unclaimed.extend(deferred)
+            raise
+        finally:
+            self.book.stale({c.bucket for c in deferred})
+        if not delivered:
+            self._broker_trouble(reasons[0].error if reasons else "")
+        log.warning(
+            "the broker did not take these: deferred, no attempt spent",
+            count=len(deferred),
+            error=reasons[0].error if reasons else None,
+        )
+
+    def _broker_trouble(self, error: str) -> None:
+        """The broker took nothing: wait before claiming again, longer each time."""
+        self._broker_backoff = min(
+            BROKER_BACKOFF_MAX, max(BROKER_BACKOFF, self._broker_backoff * 2)
+        )
+        self._broker_retry_at = self.monotonic() + self._broker_backoff
+        self.metrics.broker_available.set(0)
+        log.warning(
+            "broker unavailable: claiming paused", retry_in=self._broker_backoff, error=error
+        )
+
+    async def _broker_ready(self) -> bool:
+        """Whether to claim now: yes unless the broker was found down, in which
+        case only once its wait is over and a probe finds it back."""
+        if self._broker_retry_at is None:
+            return True
+        if self.monotonic() < self._broker_retry_at:
+            return False
+        if not await self.publisher.reachable():
+            self._broker_trouble("no answer to a metadata request")
+            return False
+        log.info("broker back: claiming again", after_s=round(self._broker_backoff, 2))
+        self._broker_retry_at, self._broker_backoff = None, 0.0
+        self.metrics.broker_available.set(1)
+        return True
+
+    async def _dead_letter(self, failures: list[tuple[Claimed, str]]) -> set[str]:
+        """Publish these to the dead-letter topic; returns the ids it did not
+        take (they keep retrying rather than fail without a record)."""
         records = []
         for claimed, error in failures:
             original = build_record(claimed.doc, claimed.token, claimed.attempt)
@@ -492,9 +565,12 @@ class BucketPoller:
             ]
             records.append(Record(self.dead_letter_topic, original.key, original.value, headers))
         results = await self.publisher.publish(records)
-        for (claimed, _error), err in zip(failures, results, strict=True):
-            if err is not None:
-                log.error("dead-letter publish failed", **_about(claimed), error=str(err))
+        unsent = set()
+        for (claimed, _error), failure in zip(failures, results, strict=True):
+            if failure is not None:
+                unsent.add(claimed.id)
+                log.error("dead-letter publish failed", **_about(claimed), error=failure.error)
+        return unsent
 
 
 def _about(claimed: Claimed) -> dict[str, Any]:

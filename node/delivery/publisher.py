@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaConnectionError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
+from aiokafka.protocol.metadata import MetadataRequest
 
 from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
@@ -21,8 +31,33 @@ from node.schedule.record import Record
 log = structlog.get_logger("node.publisher")
 
 
+# A metadata request that says whether the broker is there, or a topic is.
+PROBE_TIMEOUT = 1.0
+# How long one record may wait for its topic's metadata before it is judged
+# (the producer's own wait is its whole request timeout, 10 s, for every
+# record of the batch).
+METADATA_DEADLINE = 2.0
+# A record's own faults: sending it again as it is cannot succeed.
+RECORD_FAULTS = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
+)
+
+
 class _Refused(Exception):
     """The broker answered, and refused an idempotent producer."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A record that was not published: why, and whether it was the broker's
+    trouble (it spends no attempt: the schedule waits for the broker) or the
+    record's own (it spends one, toward the dead-letter topic)."""
+
+    error: str
+    broker: bool
 
 
 class KafkaPublisher:
@@ -119,16 +154,50 @@ class KafkaPublisher:
             await producer.stop()
 
     async def reachable(self) -> bool:
-        """True when the producer has metadata from at least one broker."""
-        if self._producer is None:
+        """Whether a broker answers now: a metadata request, bounded in time
+        (the producer's cached metadata says nothing about a broker that has
+        since gone away)."""
+        producer = self._producer
+        if producer is None:
             return False
-        return any(True for _ in self._producer.client.cluster.brokers())
+        try:
+            await asyncio.wait_for(producer.client.fetch_all_metadata(), PROBE_TIMEOUT)
+        except (KafkaError, TimeoutError, OSError):
+            return False
+        return True
 
-    async def publish(self, records: Sequence[Record]) -> list[BaseException | None]:
+    async def topic_known(self, topic: str) -> bool | None:
+        """Whether the broker has ``topic`` or creates it on first use: a
+        metadata request for it, allowing automatic creation as a producer
+        does. False only when the broker answered that it does not exist (a
+        broker without automatic creation); None when it could not be asked."""
+        producer = self._producer
+        if producer is None:
+            return None
+        client = producer.client
+        if client.cluster.partitions_for_topic(topic):
+            return True
+        try:
+            node = client.get_random_node()
+            if node is None:
+                return None
+            answer = await asyncio.wait_for(
+                client.send(node, MetadataRequest([topic], allow_auto_topic_creation=True)),
+                PROBE_TIMEOUT,
+            )
+        except (KafkaError, TimeoutError, OSError):
+            return None
+        codes = [t[0] for t in answer.topics if t[1] == topic]
+        return not codes or codes[0] != UnknownTopicOrPartitionError.errno
+
+    async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
         """Send all records, wait for every ack; one result per record, in order.
 
         Records are handed to the producer together so they share request
-        batches; a failure of one never fails the others.
+        batches; a failure of one never fails the others, and each has its
+        own deadline: a record for a topic the broker does not know waits
+        METADATA_DEADLINE for it, not the producer's whole request timeout,
+        before the others are complete.
         """
 
         producer = self._producer
@@ -136,10 +205,32 @@ class KafkaPublisher:
             raise RuntimeError("publisher not started")
 
         async def send(record: Record) -> None:
-            future = await producer.send(
-                record.topic, record.value, key=record.key, headers=record.headers
+            future = await asyncio.wait_for(
+                producer.send(record.topic, record.value, key=record.key, headers=record.headers),
+                METADATA_DEADLINE,
             )
             await future
 
         results = await asyncio.gather(*(send(r) for r in records), return_exceptions=True)
-        return [r if isinstance(r, BaseException) else None for r in results]
+        failed: list[Failed | None] = []
+        for record, result in zip(records, results, strict=True):
+            if isinstance(result, BaseException):
+                failed.append(await self._judge(record, result))
+            else:
+                failed.append(None)
+        return failed
+
+    async def _judge(self, record: Record, error: BaseException) -> Failed:
+        """Whose fault a failed send is: the record's (too large, a topic the
+        broker refuses) spends an attempt; the broker's (unreachable, timed
+        out, not enough replicas, no leader) does not."""
+        text = f"{type(error).__name__}: {error}"
+        if isinstance(error, RECORD_FAULTS):
+            return Failed(text, broker=False)
+        if isinstance(error, (TimeoutError, UnknownTopicOrPartitionError)):
+            # No metadata for the topic in time: the topic's fault if the
+            # broker answers that it does not have it, else the broker's.
+            known = await self.topic_known(record.topic)
+            return Failed(text, broker=known is not False)
+        retriable = isinstance(error, OSError) or getattr(error, "retriable", False)
+        return Failed(text, broker=bool(retriable) or isinstance(error, KafkaError))

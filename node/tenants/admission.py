@@ -1,5 +1,6 @@
-"""Whether a tenant may add these schedules now: its allowed topics, its rate
-and its pending cap (``quotas.py``), checked in that order. Every new
+"""Whether a tenant may add these schedules now: its allowed topics, the
+broker's knowledge of the topic, its rate and its pending cap (``quotas.py``),
+checked in that order. Every new
 schedule goes through here, one at a time or a batch at once, and each gets
 its own answer, so one refused item of a batch does not refuse the others.
 """
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from node.errors import QuotaExceeded, RateLimited, SchedulerError, TopicNotAllowed
+from node.errors import QuotaExceeded, RateLimited, SchedulerError, TopicNotAllowed, UnknownTopic
 from node.schedule.model import NewSchedule
 from node.tenants.directory import TenantDirectory
 from node.tenants.quotas import PendingQuota, RateLimiter
@@ -18,6 +19,16 @@ from node.tenants.quotas import PendingQuota, RateLimiter
 # A tenant this node accepted work for is served fairly for this long after,
 # registered or not (with auth off, tenants need no record).
 RECENT_TENANT_SECONDS = 24 * 3600.0
+# How long the broker's answer about a topic is trusted: a topic it has
+# stays (deleting one under live schedules is the operator's doing); one it
+# refused may be created meanwhile.
+TOPIC_KNOWN_SECONDS = 300.0
+TOPIC_UNKNOWN_SECONDS = 5.0
+
+# Whether the broker has a topic or creates it on first use: True, False
+# when it answered that it does not, None when it could not be asked (a
+# broker outage must not stop intake: the schedule waits for the broker).
+TopicCheck = Callable[[str], Awaitable[bool | None]]
 
 
 class Admission:
@@ -27,10 +38,13 @@ class Admission:
         pending: PendingQuota,
         *,
         alive_nodes: Callable[[], int],
+        topic_known: TopicCheck | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.pending = pending
+        self.topic_known = topic_known
+        self._topics: dict[str, tuple[float, bool]] = {}
         self.rates = RateLimiter()
         self.alive_nodes = alive_nodes
         self.clock = clock
@@ -48,14 +62,20 @@ class Admission:
             allowed = []
             for index in indexes:
                 topic = schedules[index].topic
-                if tenant.allows_topic(topic):
-                    allowed.append(index)
-                else:
+                if not tenant.allows_topic(topic):
                     answers[index] = TopicNotAllowed(
                         f"tenant {name!r} may publish only to topics starting with "
                         + ", ".join(repr(p) for p in tenant.topic_prefixes),
                         "topic",
                     )
+                elif not await self._topic_known(topic, now):
+                    answers[index] = UnknownTopic(
+                        f"topic {topic!r} does not exist and the broker does not create "
+                        "topics: create it first",
+                        "topic",
+                    )
+                else:
+                    allowed.append(index)
             admitted, retry_after = self.rates.admit(tenant, len(allowed), now, self.alive_nodes())
             for index in allowed[admitted:]:
                 answers[index] = RateLimited(
@@ -72,6 +92,21 @@ class Admission:
                     retry_after=1,
                 )
         return answers
+
+    async def _topic_known(self, topic: str, now: float) -> bool:
+        if self.topic_known is None:
+            return True
+        cached = self._topics.get(topic)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        known = await self.topic_known(topic)
+        if known is None:
+            return True  # the broker did not answer: accept, the schedule waits for it
+        if len(self._topics) > 10_000:  # made-up topics must not grow this forever
+            self._topics.clear()
+        ttl = TOPIC_KNOWN_SECONDS if known else TOPIC_UNKNOWN_SECONDS
+        self._topics[topic] = (now + ttl, known)
+        return known
 
     def accepted(self, tenant: str, count: int = 1) -> None:
         self.pending.accepted(tenant, count)
