@@ -232,6 +232,18 @@ SETTINGS: tuple[Setting, ...] = (
         help="database holding schedules, buckets, cluster",
     ),
     Setting(
+        attr="store_timeout",
+        env="STORE_TIMEOUT",
+        flag="--store-timeout",
+        default="5",
+        parse=_parse_seconds(0.5, 120),
+        # Every store call has a deadline (pymongo's timeoutMS): a hung store
+        # turns into 503s and retries, never into requests and loops waiting
+        # forever. Lease writes get the lease's term instead, when shorter.
+        help="longest a store call may take (client-side operation timeout); an API call "
+        "past it answers 503 with Retry-After",
+    ),
+    Setting(
         attr="kafka_bootstrap",
         env="KAFKA_BOOTSTRAP",
         flag="--kafka-bootstrap",
@@ -455,6 +467,7 @@ class NodeConfig:
     auth: bool = True
     mongo_uri: str
     mongo_database: str
+    store_timeout: float = 5.0
     kafka_bootstrap: tuple[str, ...]
     kafka_idempotence: str = "auto"
     buckets: int

@@ -131,6 +131,11 @@ class StoreUnavailable(SchedulerError, code="store_unavailable", status_hint=503
         return f"{self.message} ({type(cause).__name__}: {cause})" if cause else self.message
 
 
+class StoreBusy(SchedulerError, code="store_busy", status_hint=503, retriable=True):
+    """The store is answering too slowly to take more now: writes already
+    waiting fill the queue. Nothing was written; retry after the hint."""
+
+
 class BrokerUnavailable(SchedulerError, code="broker_unavailable", retriable=True):
     """Kafka could not be reached."""
 

@@ -95,6 +95,8 @@ class Node:
             config.mongo_uri,
             tz_aware=True,
             serverSelectionTimeoutMS=5000,
+            # Every call has a deadline: a hung store is a 503, not a wait.
+            timeoutMS=int(config.store_timeout * 1000),
             appname=f"scheduler/{config.node_id}",
         )
         database = self.client[config.mongo_database]

@@ -119,7 +119,7 @@ async def test_what_the_api_acknowledges_is_journaled_on_a_majority(mongo: Any) 
     # journal, on a majority of a replica set.
     store = ScheduleStore(mongo, 16)
     for collection in (store._inserts.collection, store._durable, store.cluster):
-        assert collection.write_concern.document == {"w": "majority", "j": True}
+        assert collection.write_concern.document == {"w": "majority", "j": True, "wtimeout": 5000}
 
 
 def test_lease_writes_are_journaled_on_a_majority(
@@ -127,7 +127,7 @@ def test_lease_writes_are_journaled_on_a_majority(
 ) -> None:
     # A lease write lost in a crash of the database could move a token back.
     node = Node(make_config(servers, database_name))
-    assert node.lease_store.collection.write_concern.document == {"w": "majority", "j": True}
+    assert node.lease_store.collection.write_concern.document == {"w": "majority", "j": True, "wtimeout": 5000}
 
 
 async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:

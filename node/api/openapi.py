@@ -26,6 +26,7 @@ ERROR_CODES = (
     "rate_limited",  # 429: over the tenant's rate; Retry-After says when to retry
     "quota_exceeded",  # 429: the tenant has its maximum of PENDING schedules
     "store_unavailable",  # 503: MongoDB did not answer; retry
+    "store_busy",  # 503: MongoDB answers too slowly to take more now; Retry-After
     "http_error",  # any other refusal by the HTTP server itself
 )
 

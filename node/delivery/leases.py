@@ -151,11 +151,11 @@ class LeaseManager:
             if latest < lease.deadline:
                 self.held[bucket] = Lease(bucket, lease.token, latest)
         held = dict(self.held)
-        matched = await self.store.extend(sorted(held), term)
+        matched = await self.store.extend(sorted(held), term, within=term)
         self._timed(sent)
         kept = set(held)
         if matched != len(held):
-            current = await self.store.tokens(list(held))
+            current = await self.store.tokens(list(held), within=term)
             kept = {
                 b
                 for b, (owner, token) in current.items()
@@ -179,14 +179,15 @@ class LeaseManager:
         want = set(wanted) - set(self.held)
         if not want:
             return []
-        takeable, unseen = await self.store.takeable(want)
+        term = self.term
+        takeable, unseen = await self.store.takeable(want, within=term)
         candidates = sorted([*takeable, *unseen])
         if not candidates:
             return []
-        sent, term = self.monotonic(), self.term
-        await self.store.take(takeable, unseen, term)
+        sent = self.monotonic()
+        await self.store.take(takeable, unseen, term, within=term)
         self._timed(sent)
-        won = await self.store.ours(candidates)
+        won = await self.store.ours(candidates, within=term)
         gained = []
         for bucket, token in sorted(won.items()):
             self.held[bucket] = Lease(bucket, token, self._deadline(sent, term))
@@ -206,7 +207,7 @@ class LeaseManager:
         for bucket in chosen:
             self.held.pop(bucket)
         self.suspended.difference_update(chosen)
-        await self.store.release(chosen)
+        await self.store.release(chosen, within=self.ttl)
         log.info("leases released", buckets=len(chosen))
         return chosen
 

@@ -23,8 +23,12 @@ from node.errors import StoreUnavailable
 
 # Journaled on a majority: an acknowledged write survives a crash of the
 # database. Found by the store-crash chaos scenario, which lost a schedule
-# acknowledged just before a SIGKILL of the embedded server under w:1.
-DURABLE = WriteConcern("majority", j=True)
+# acknowledged just before a SIGKILL of the embedded server under w:1. The
+# server waits for the majority at most WRITE_TIMEOUT_MS (then the write is
+# an error to the caller, who retries: an insert under the same id, a cancel
+# again); the client's own deadline (STORE_TIMEOUT) bounds the whole call.
+WRITE_TIMEOUT_MS = 5000
+DURABLE = WriteConcern("majority", j=True, wtimeout=WRITE_TIMEOUT_MS)
 # MongoDB's error code for a duplicate key (E11000).
 DUPLICATE_KEY = 11000
 

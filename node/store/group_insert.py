@@ -9,6 +9,10 @@ commit of database logs). An insert arriving at an idle node goes out at
 once, so a lone request waits for nothing; under load each round trip
 carries everything that arrived during the last one.
 
+The queue is bounded: when the store answers so slowly that MAX_QUEUED
+documents already wait, a new insert is refused at once (``StoreBusy``, a
+503 with Retry-After) rather than join an unbounded queue.
+
 Each caller gets its own outcome: ``None`` when its document was stored,
 ``DuplicateKeyError`` when its ``_id`` exists, or the error that failed the
 whole batch (the outcome is then unknown to the caller, exactly as with a
@@ -23,21 +27,38 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError, WriteError
 
+from node.errors import StoreBusy
+
 DUPLICATE_KEY = 11000
 # A cap on one batch; pymongo splits it further by the server's message size.
 MAX_GROUP = 500
+# Documents waiting for the store at most (a few groups): past it the store
+# is too slow for more, and callers are told so at once.
+MAX_QUEUED = 4 * MAX_GROUP
 
 
 class GroupInserter:
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], max_group: int = MAX_GROUP):
+    def __init__(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        max_group: int = MAX_GROUP,
+        max_queued: int = MAX_QUEUED,
+    ) -> None:
         self.collection = collection
         self.max_group = max_group
+        self.max_queued = max_queued
         self._queue: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self.round_trips = 0
 
     async def insert(self, doc: dict[str, Any]) -> None:
-        """Store ``doc``; raises ``DuplicateKeyError`` if its ``_id`` exists."""
+        """Store ``doc``; raises ``DuplicateKeyError`` if its ``_id`` exists,
+        ``StoreBusy`` if too many wait already."""
+        if len(self._queue) >= self.max_queued:
+            raise StoreBusy(
+                f"{len(self._queue)} inserts are waiting for the store: retry in a moment",
+                retry_after=1,
+            )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((doc, future))
         if self._writer is None or self._writer.done():

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import pymongo
 from pymongo import UpdateMany, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
@@ -30,25 +31,30 @@ class LeaseStore:
         self.node_id = node_id
 
     @store_call
-    async def takeable(self, buckets: Iterable[int]) -> tuple[list[int], list[int]]:
+    async def takeable(self, buckets: Iterable[int], within: float) -> tuple[list[int], list[int]]:
         """Of ``buckets``: those free, expired or already ours, by the
-        server's clock; and those never leased (no document yet)."""
+        server's clock; and those never leased (no document yet). Every
+        call here takes ``within``, the seconds it may take: a lease answer
+        later than the lease's term is worth nothing."""
         wanted = sorted(buckets)
-        existing = await (
-            await self.collection.aggregate(
-                [
-                    {"$match": {"_id": {"$in": wanted}}},
-                    {"$project": {"_id": 1, "takeable": self._takeable_expr()}},
-                ],
-                batchSize=len(wanted),
-            )
-        ).to_list()
+        with pymongo.timeout(within):
+            existing = await (
+                await self.collection.aggregate(
+                    [
+                        {"$match": {"_id": {"$in": wanted}}},
+                        {"$project": {"_id": 1, "takeable": self._takeable_expr()}},
+                    ],
+                    batchSize=len(wanted),
+                )
+            ).to_list()
         takeable = sorted(d["_id"] for d in existing if d["takeable"])
         unseen = sorted(set(wanted) - {d["_id"] for d in existing})
         return takeable, unseen
 
     @store_call
-    async def take(self, takeable: list[int], unseen: list[int], term: float) -> None:
+    async def take(
+        self, takeable: list[int], unseen: list[int], term: float, within: float
+    ) -> None:
         """Take each bucket that is still takeable: one conditional update for
         those with a document (each re-checked atomically: one taken since
         ``takeable`` is simply not matched), an upsert each for the unseen (a
@@ -71,49 +77,54 @@ class LeaseStore:
             UpdateOne({"_id": b, "$expr": self._takeable_expr()}, take, upsert=True) for b in unseen
         )
         try:
-            await self.collection.bulk_write(ops, ordered=False)
+            with pymongo.timeout(within):
+                await self.collection.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
             others = [e for e in exc.details.get("writeErrors", []) if e["code"] != DUPLICATE_KEY]
             if others:
                 raise
 
     @store_call
-    async def ours(self, buckets: list[int]) -> dict[int, int]:
+    async def ours(self, buckets: list[int], within: float) -> dict[int, int]:
         """bucket -> token, for those of ``buckets`` this node holds now."""
-        won = await self.collection.find(
-            {"_id": {"$in": buckets}, "owner": self.node_id},
-            {"token": 1},
-            batch_size=len(buckets),
-        ).to_list()
+        with pymongo.timeout(within):
+            won = await self.collection.find(
+                {"_id": {"$in": buckets}, "owner": self.node_id},
+                {"token": 1},
+                batch_size=len(buckets),
+            ).to_list()
         return {int(d["_id"]): int(d["token"]) for d in won}
 
     @store_call
-    async def extend(self, buckets: list[int], term: float) -> int:
+    async def extend(self, buckets: list[int], term: float, within: float) -> int:
         """Extend our leases of ``buckets`` to ``term`` seconds from the
         server's now; returns how many matched. ``owner`` is our unique node
         id and only we set it, so it stands for (owner, token) here: when the
         count says something changed, ``tokens`` tells what."""
-        result = await self.collection.update_many(
-            {"_id": {"$in": sorted(buckets)}, "owner": self.node_id},
-            [{"$set": {"expiresAt": _expires_at(term)}}],
-        )
+        with pymongo.timeout(within):
+            result = await self.collection.update_many(
+                {"_id": {"$in": sorted(buckets)}, "owner": self.node_id},
+                [{"$set": {"expiresAt": _expires_at(term)}}],
+            )
         return result.matched_count
 
     @store_call
-    async def tokens(self, buckets: list[int]) -> dict[int, tuple[str | None, int]]:
+    async def tokens(self, buckets: list[int], within: float) -> dict[int, tuple[str | None, int]]:
         """bucket -> (owner, token) as stored, for ``buckets``."""
-        current = await self.collection.find(
-            {"_id": {"$in": buckets}}, {"owner": 1, "token": 1}, batch_size=len(buckets)
-        ).to_list()
+        with pymongo.timeout(within):
+            current = await self.collection.find(
+                {"_id": {"$in": buckets}}, {"owner": 1, "token": 1}, batch_size=len(buckets)
+            ).to_list()
         return {int(d["_id"]): (d.get("owner"), int(d.get("token", 0))) for d in current}
 
     @store_call
-    async def release(self, buckets: list[int]) -> None:
+    async def release(self, buckets: list[int], within: float) -> None:
         """Give our leases of ``buckets`` back: free at once for the next owner."""
-        await self.collection.update_many(
-            {"_id": {"$in": buckets}, "owner": self.node_id},
-            {"$set": {"owner": None, "expiresAt": EPOCH}},
-        )
+        with pymongo.timeout(within):
+            await self.collection.update_many(
+                {"_id": {"$in": buckets}, "owner": self.node_id},
+                {"$set": {"owner": None, "expiresAt": EPOCH}},
+            )
 
     @store_call
     async def all(self) -> list[dict[str, Any]]:
