@@ -452,6 +452,15 @@ SETTINGS: tuple[Setting, ...] = (
         "lease-token conditions and the local lease checks, to prove the chaos checker "
         "catches double claims",
     ),
+    Setting(
+        attr="chaos_clock_skew",
+        env="CHAOS_CLOCK_SKEW",
+        flag="--chaos-clock-skew",
+        default="0",
+        parse=_parse_seconds(-86400, 86400),
+        help="testing only, with CHAOS_MODE: this node's wall clock runs this many seconds off "
+        "(the store's clock still decides what is due)",
+    ),
 )
 
 
@@ -489,6 +498,7 @@ class NodeConfig:
     log_format: str
     log_level: str
     chaos_mode: str = "off"
+    chaos_clock_skew: float = 0.0
 
     @property
     def http_address(self) -> str:
@@ -544,6 +554,8 @@ def load(
         )
     if values["retry_backoff_max"] < values["retry_backoff"]:
         raise ConfigError("RETRY_BACKOFF_MAX: must not be below RETRY_BACKOFF")
+    if values["chaos_clock_skew"] and values["chaos_mode"] == "off":
+        raise ConfigError("CHAOS_CLOCK_SKEW: a chaos testing setting; needs CHAOS_MODE on")
     known = {f.name for f in fields(NodeConfig)}
     return NodeConfig(**{k: v for k, v in values.items() if k in known})
 

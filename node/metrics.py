@@ -188,6 +188,9 @@ class NodeMetrics:
     def watch_reads(self, documents_read: Mapping[str, int]) -> None:
         self.registry.register(ReadsCollector(documents_read))
 
+    def watch_clock(self, clock: ClockView) -> None:
+        self.registry.register(ClockCollector(clock))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -215,6 +218,38 @@ class LeaseCollector(Collector):
             "lease round trips are slow",
             value=self.leases.term,
         )
+
+
+class ClockView(Protocol):
+    """The store's clock as this node estimates it (node/delivery/clock.py)."""
+
+    @property
+    def offset(self) -> float: ...
+
+    @property
+    def uncertainty(self) -> float | None: ...
+
+
+class ClockCollector(Collector):
+    """How far this host's clock is from the store's, which decides what is due."""
+
+    def __init__(self, clock: ClockView) -> None:
+        self.clock = clock
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        yield GaugeMetricFamily(
+            "scheduler_clock_offset_seconds",
+            "Seconds the store's clock is ahead of this host's (what is due follows the store's)",
+            value=self.clock.offset,
+        )
+        uncertainty = self.clock.uncertainty
+        if uncertainty is not None:
+            yield GaugeMetricFamily(
+                "scheduler_clock_uncertainty_seconds",
+                "Half the round trip of the store-clock reading in use: the most the estimate "
+                "of the store's time can be off",
+                value=uncertainty,
+            )
 
 
 class ReadsCollector(Collector):

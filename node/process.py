@@ -31,6 +31,7 @@ from membership.service import Membership
 from node import logs
 from node.api.app import build_app
 from node.config import NodeConfig
+from node.delivery.clock import StoreClock
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
@@ -43,7 +44,7 @@ from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
 from node.schedule.retry import RetryPolicy
-from node.schedule.times import utcnow
+from node.schedule.times import skew_wall_clock, utcnow
 from node.store.boundary import DURABLE
 from node.store.history import HistoryStore
 from node.store.leases import LeaseStore
@@ -140,8 +141,16 @@ class Node:
             alive_nodes=lambda: len(self._alive_members()),
             topic_known=lambda topic: self.publisher.topic_known(topic),
         )
+        if config.chaos_mode != "off" and config.chaos_clock_skew:
+            skew_wall_clock(config.chaos_clock_skew)
+        # The store's clock decides what is due, whatever this host's says.
+        self.clock = StoreClock(self.store.server_time)
+        self.metrics.watch_clock(self.clock)
         self.publisher = KafkaPublisher(
-            config.kafka_bootstrap, client_id=config.node_id, idempotence=config.kafka_idempotence
+            config.kafka_bootstrap,
+            client_id=config.node_id,
+            idempotence=config.kafka_idempotence,
+            clock=self.clock.now,
         )
         self.history = HistoryStore(
             database["history"],
@@ -164,6 +173,7 @@ class Node:
             dead_letter_topic=config.dead_letter_topic,
             history=self.history_writer,
             tenant_names=self._tenant_names if config.fair_tenants else None,
+            wall=self.clock.now,
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -175,7 +185,9 @@ class Node:
             alive_members=self._alive_members,
             joined=lambda: self.membership is not None and self.membership.joined,
         )
-        self.hints = WakeHints(config.node_id, self.metrics)
+        self.hints = WakeHints(
+            config.node_id, self.metrics, config.cluster_keys, wall=self.clock.now
+        )
         self.wakes = WakeRouter(
             config.node_id,
             poller=self.poller,
@@ -184,11 +196,13 @@ class Node:
             owner_of=self.ownership.owner_of,
             address_of=self._http_address_of,
             poll_interval=config.poll_interval,
+            wall=self.clock.now,
         )
         self.http_port: int | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_task: asyncio.Task[None] | None = None
+        self._clock_task: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> str:
@@ -210,6 +224,9 @@ class Node:
         stopping = stopping or asyncio.Event()
         if not await self._retry_until_ready("store", self._prepare_store, stopping):
             return False
+        if not await self._retry_until_ready("store's clock", self.clock.read, stopping):
+            return False
+        self._clock_task = asyncio.create_task(self.clock.run(), name="clock")
         if not await self._retry_until_ready("broker", self.publisher.start, stopping):
             return False
         self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
@@ -358,8 +375,9 @@ class Node:
             await self.history_writer.close()
         await self.publisher.stop()
         await self.client.close()
-        if self._stall_task is not None:
-            self._stall_task.cancel()
+        for task in (self._stall_task, self._clock_task):
+            if task is not None:
+                task.cancel()
         self._move("stopped")
         log.info("node stopped")
 

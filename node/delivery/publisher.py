@@ -8,8 +8,9 @@ DELIVERED only after Kafka has durably accepted it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -72,6 +73,7 @@ class KafkaPublisher:
         client_id: str,
         idempotence: str = "auto",
         request_timeout: float = 10.0,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._settings: dict[str, Any] = {
             "bootstrap_servers": list(bootstrap),
@@ -84,6 +86,9 @@ class KafkaPublisher:
         }
         self.idempotence = idempotence
         self.request_timeout = request_timeout
+        # Stamps each record's timestamp (the store's clock, as delivery's
+        # due decisions use), rather than this host's wall clock.
+        self.clock = clock
         self.idempotent = False
         # Why the broker refused an idempotent producer (auto only), for /readyz.
         self.refusal: str | None = None
@@ -204,9 +209,17 @@ class KafkaPublisher:
         if producer is None:
             raise RuntimeError("publisher not started")
 
+        stamp = int(self.clock().timestamp() * 1000) if self.clock is not None else None
+
         async def send(record: Record) -> None:
             future = await asyncio.wait_for(
-                producer.send(record.topic, record.value, key=record.key, headers=record.headers),
+                producer.send(
+                    record.topic,
+                    record.value,
+                    key=record.key,
+                    headers=record.headers,
+                    timestamp_ms=stamp,
+                ),
                 METADATA_DEADLINE,
             )
             await future

@@ -49,9 +49,20 @@ def aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+# Chaos testing only (CHAOS_CLOCK_SKEW): this process's wall clock, off by
+# this much, as a host's clock can be. Never set in production.
+_skew = timedelta(0)
+
+
+def skew_wall_clock(seconds: float) -> None:
+    """Make ``utcnow`` run ``seconds`` off (chaos testing only)."""
+    global _skew
+    _skew = timedelta(seconds=seconds)
+
+
 def utcnow() -> datetime:
     """Wall-clock now, truncated to what BSON stores."""
-    now = datetime.now(UTC)
+    now = datetime.now(UTC) + _skew
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 

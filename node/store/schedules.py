@@ -132,6 +132,12 @@ class ScheduleStore:
         await self.database.command("ping")
 
     @store_call
+    async def server_time(self) -> datetime:
+        """The store's clock now (``hello``'s localTime)."""
+        answer = await self.database.command("hello")
+        return aware(answer["localTime"])
+
+    @store_call
     async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
         """bucket -> PENDING schedules already due, for ``buckets`` (a node's
         own): one bounded count each, so its cost is the backlog it counts."""
