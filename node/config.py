@@ -73,7 +73,7 @@ _NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def _parse_node_id(text: str) -> str:
-    if not _NODE_ID.match(text):
+    if not _NODE_ID.fullmatch(text):
         raise ValueError(f"must be 1-64 of [A-Za-z0-9._-], got {text!r}")
     return text
 
@@ -130,7 +130,7 @@ def _parse_keys(text: str) -> tuple[bytes, ...]:
 
 
 def _parse_name(text: str) -> str:
-    if not re.match(r"^[A-Za-z0-9_-]{1,63}$", text):
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", text):
         raise ValueError(f"must be a database name of [A-Za-z0-9_-], got {text!r}")
     return text
 

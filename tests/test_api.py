@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from node.api.openapi import ERROR_CODES
 from ring import PLACEMENT_VERSION
 from tests.conftest import NodeFactory, NodeHandle, wait_until
 
@@ -174,6 +175,14 @@ async def test_list_pages_through_everything_once(api: NodeHandle) -> None:
         ("?limit=abc", "limit"),
         ("?after=!!!", "after"),
         ("?colour=red", "colour"),
+        ("?limit=%C2%B2", "limit"),  # a digit to str.isdigit(), not to int()
+        ("?tenant=t1%0A", "tenant"),
+        ("?tenant=t%00", "tenant"),
+        # cursors this API never returned: not a stored id, NUL, a lone surrogate
+        ("?after=" + base64.urlsafe_b64encode(b'{"after": "a/b/c"}').decode(), "after"),
+        ("?after=" + base64.urlsafe_b64encode(b'{"after": "a\\u0000b"}').decode(), "after"),
+        ("?after=" + base64.urlsafe_b64encode(b'{"after": "\\ud800"}').decode(), "after"),
+        ("?after=%F0%9F%98%80", "after"),
     ],
 )
 async def test_list_rejects_bad_parameters(api: NodeHandle, query: str, field: str) -> None:
@@ -334,3 +343,269 @@ async def test_a_full_batch_is_stored_in_a_few_group_commits(api: NodeHandle, mo
     assert await count(mongo) == 1000
     # Shared insert_many round trips (at most 500 documents each), not 1,000.
     assert inserter.round_trips - before <= 4
+
+
+# -- hostile input (issue 17): a 4xx in the error shape, and nothing stored --------
+
+
+def as_json(body: Any) -> bytes:
+    """JSON text as a client writes it: json.dumps escapes a lone surrogate
+    as \\udXXX, which a JSON parser turns back into one."""
+    return json.dumps(body).encode()
+
+
+async def post_raw(api: NodeHandle, path: str, raw: bytes) -> tuple[int, Any]:
+    return await api.request("POST", path, data=raw, headers={"Content-Type": "application/json"})
+
+
+def assert_error_shape(status: int, body: Any, expected: int, field: str | None = ...) -> None:  # type: ignore[assignment]
+    assert status == expected, body
+    assert set(body) == {"error"} and body["error"]["code"] in ERROR_CODES, body
+    assert body["error"]["message"]
+    if field is not ...:
+        assert body["error"].get("field") == field, body
+
+
+async def test_a_nul_in_a_header_name_is_a_400_and_stores_nothing(
+    api: NodeHandle, mongo: Any
+) -> None:
+    # NUL made bson raise inside the shared group insert: the caller got no
+    # answer at all. '$' and '.' the embedded store took, as MongoDB 5+ does,
+    # but its operators cannot address such fields: refused too.
+    for name in ("a\x00b", "\x00", "$set", "a.b", "", "a b", "caf\u00e9", "x" * 257):
+        status, body = await api.request(
+            "POST", "/v1/schedules", json=schedule(headers={name: "v"})
+        )
+        assert_error_shape(status, body, 400, "headers")
+    status, body = await api.request(
+        "POST", "/v1/schedules", json=schedule(headers={"trace": "v\x00"})
+    )
+    assert_error_shape(status, body, 400, "headers")
+    assert await count(mongo) == 0
+    # In a batch the item is refused on its own, and its neighbours stored.
+    status, body = await api.request(
+        "POST",
+        "/v1/schedules:batch",
+        json={"schedules": [schedule(id="nul-1", headers={"a\x00b": "v"}), schedule(id="fine")]},
+    )
+    assert status == 200 and [r["status"] for r in body["results"]] == [400, 201]
+    assert body["results"][0]["error"]["field"] == "headers"
+    assert [d["_id"] async for d in mongo.schedules.find({}, {"_id": 1})] == ["fine"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"payload": "\ud800"}, "payload"),
+        ({"payload": {"note": ["ok", "half an emoji \ud83d"]}}, "payload"),
+        ({"payload": {"\udc00": 1}}, "payload"),
+        ({"headers": {"trace": "\udfff"}}, "headers"),
+        ({"headers": {"\ud800": "v"}}, "headers"),
+        ({"key": "\ud800"}, "key"),
+        ({"topic": "orders\ud800"}, "topic"),
+        ({"id": "\ud800"}, "id"),
+        ({"tenant": "\ud800"}, "tenant"),
+        ({"executeAt": "2030-01-01T00:00:00Z\ud800"}, "executeAt"),
+        ({"retry": {"initialBackoff": "\ud800"}}, "retry"),
+    ],
+)
+async def test_a_lone_surrogate_is_a_400(
+    api: NodeHandle, mongo: Any, fields: dict[str, Any], field: str
+) -> None:
+    raw = as_json(schedule(**fields))
+    status, body = await post_raw(api, "/v1/schedules", raw)
+    assert_error_shape(status, body, 400, field)
+    # A batch holding it is not valid Unicode either: refused whole, like bad JSON.
+    status, body = await post_raw(
+        api, "/v1/schedules:batch", as_json({"schedules": [schedule(), schedule(**fields)]})
+    )
+    assert_error_shape(status, body, 400, "schedules")
+    assert "$.schedules[1]" in body["error"]["message"]
+    assert await count(mongo) == 0
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+async def test_deep_nesting_is_a_400(api: NodeHandle, mongo: Any) -> None:
+    # The body is an object: a payload may nest 63 levels, the body 64.
+    status, _ = await api.request("POST", "/v1/schedules", json=schedule(payload=nested(63)))
+    assert status == 201
+    for depth in (64, 1000, 20_000):  # past the bound, past the recursion limit
+        raw = b'{"topic": "t", "executeAt": "%s", "payload": %s}' % (
+            FAR.encode(),
+            b"[" * depth + b"]" * depth,
+        )
+        status, body = await post_raw(api, "/v1/schedules", raw)
+        assert_error_shape(status, body, 400)
+        status, body = await post_raw(api, "/v1/schedules:batch", b'{"schedules": [%s]}' % raw)
+        assert_error_shape(status, body, 400)
+    # Far deeper is over the body's limit before it is parsed at all.
+    status, body = await post_raw(api, "/v1/schedules", b"[" * 100_000 + b"]" * 100_000)
+    assert_error_shape(status, body, 413)
+    # A cursor is JSON too.
+    cursor = base64.urlsafe_b64encode(b'{"after": ' + b"[" * 3000 + b"]" * 3000 + b"}")
+    status, body = await api.request("GET", "/v1/schedules?after=" + cursor.decode())
+    assert_error_shape(status, body, 400, "after")
+    assert await count(mongo) == 1
+
+
+async def test_every_error_is_json(api: NodeHandle, mongo: Any) -> None:
+    import gzip
+
+    import structlog
+
+    from node.errors import BrokerUnavailable
+
+    async def refused(method: str, path: str, expected: int, **kwargs: Any) -> dict[str, Any]:
+        async with api.session.request(method, api.url + path, **kwargs) as response:
+            assert response.content_type == "application/json", (path, await response.text())
+            body = await response.json()
+            assert_error_shape(response.status, body, expected)
+            return dict(body["error"])
+
+    await refused("GET", "/v2/nothing", 404)
+    async with api.session.put(api.url + "/v1/schedules/x") as response:
+        assert response.headers["Allow"]  # a 405 still says what the route takes
+    await refused("PUT", "/v1/schedules/x", 405)
+    await refused("POST", "/v1/schedules", 413, data=b"x" * 200_000)
+    await refused("POST", "/v1/schedules", 400, data=b"{")
+    # A digit to str.isdigit(), but not to int(): was a plain-text 500.
+    assert (await refused("GET", "/v1/schedules?limit=%C2%B2", 400))["field"] == "limit"
+    assert (await refused("GET", "/v1/schedules/x/history?limit=%C2%B2", 400))["field"] == "limit"
+    # A body that says it is gzip and is not: was a plain-text 500.
+    await refused(
+        "POST", "/v1/schedules", 400, data=b"not gzip", headers={"Content-Encoding": "gzip"}
+    )
+    gzipped = gzip.compress(as_json(schedule(id="zipped")))
+    async with api.session.post(
+        api.url + "/v1/schedules", data=gzipped, headers={"Content-Encoding": "gzip"}
+    ) as response:
+        assert response.status == 201
+    # Times that leave datetime's range once made UTC: were OverflowErrors.
+    wake = {"bucket": 1, "dueAt": "9999-12-31T23:59:59-01:00"}
+    assert (await refused("POST", "/v1/internal/wake", 400, json=wake))["field"] == "dueAt"
+    await refused(
+        "POST", "/v1/schedules", 400, json=schedule(executeAt="0001-01-01T00:00:00+01:00")
+    )
+    # A drain takes no body.
+    await refused("POST", "/v1/admin/drain", 413, data=b"{}")
+
+    # A bug in a handler: a 500 in the error shape, its traceback in the log.
+    async def broken(*_args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    api.node.store.get = broken  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        error = await refused("GET", "/v1/schedules/x", 500)
+    assert error["code"] == "internal" and "a bug" not in error["message"]
+    [logged] = [e for e in logs if e["event"] == "unexpected error"]
+    assert logged["log_level"] == "error" and logged["exc_info"] is True
+    assert logged["route"] == "/v1/schedules/{schedule_id}"
+
+    # An error never meant for a caller (no status hint) is one too.
+    async def unavailable(*_args: Any) -> Any:
+        raise BrokerUnavailable("broker down")
+
+    api.node.store.get = unavailable  # type: ignore[method-assign]
+    assert (await refused("GET", "/v1/schedules/x", 500))["code"] == "internal"
+    assert await count(mongo) == 1  # only the gzipped one
+
+
+# -- the node-to-node wake-up hint -------------------------------------------------
+
+CLUSTER_KEY, OLD_CLUSTER_KEY = b"k" * 32, b"o" * 32
+
+
+def hint_body(sent_at: datetime, **fields: Any) -> bytes:
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    body = {"bucket": 3, "dueAt": due.isoformat(), "from": "node-b", "sentAt": sent_at.isoformat()}
+    return json.dumps({**body, **fields}).encode()
+
+
+async def test_the_wake_route_refuses_big_bodies_and_unsigned_hints_when_keyed(
+    start_node: NodeFactory,
+) -> None:
+    from node.api.cluster import SIGNATURE_HEADER as READ_FROM
+    from node.delivery.hints import SIGNATURE_HEADER, WakeHints, sign
+    from node.metrics import NodeMetrics
+
+    assert READ_FROM == SIGNATURE_HEADER
+    keys = ",".join(base64.b64encode(k).decode() for k in (CLUSTER_KEY, OLD_CLUSTER_KEY))
+    keyed = await start_node(cluster_keys=keys)
+
+    async def wake(body: bytes, signature: str | None = None) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if signature is not None:
+            headers[SIGNATURE_HEADER] = signature
+        return await keyed.request("POST", "/v1/internal/wake", data=body, headers=headers)
+
+    now = datetime.now(UTC)
+    fresh = hint_body(now)
+    stale, early = hint_body(now - timedelta(seconds=90)), hint_body(now + timedelta(seconds=90))
+    timeless = b'{"bucket": 3, "dueAt": "2030-01-01T00:00:00Z"}'
+    refusals = [
+        await wake(fresh),  # unsigned
+        await wake(fresh, ""),
+        await wake(fresh, "sha256=" + "0" * 64),
+        await wake(fresh, sign(b"x" * 32, fresh)),  # not a cluster key
+        await wake(hint_body(now, bucket=4), sign(CLUSTER_KEY, fresh)),  # another body
+        await wake(fresh, sign(CLUSTER_KEY, fresh) + "\u00e9"),
+        # signed, but replayed later (or sent by a clock far off)
+        await wake(stale, sign(CLUSTER_KEY, stale)),
+        await wake(early, sign(CLUSTER_KEY, early)),
+        # signed, but without a time: no telling a replay
+        await wake(timeless, sign(CLUSTER_KEY, timeless)),
+    ]
+    for status, body in refusals:
+        assert_error_shape(status, body, 401)
+    # Signed by the first key or by an older one (rotation): taken.
+    status, body = await wake(fresh, sign(CLUSTER_KEY, fresh))
+    assert (status, set(body)) == (202, {"woken"})
+    status, _ = await wake(fresh, sign(OLD_CLUSTER_KEY, fresh))
+    assert status == 202
+    # What a node sends is what a node takes.
+    sender = WakeHints("node-b", NodeMetrics(), (OLD_CLUSTER_KEY,))
+    body_bytes, headers = sender.encode(3, now + timedelta(seconds=1))
+    status, _ = await keyed.request("POST", "/v1/internal/wake", data=body_bytes, headers=headers)
+    assert status == 202
+    # Big bodies are refused before anything else, signed or not.
+    big = hint_body(now, padding="x" * 5000)
+    assert_error_shape(*await wake(big), 413)
+    assert_error_shape(*await wake(big, sign(CLUSTER_KEY, big)), 413)
+
+    # Without cluster keys (the dev stack) the route is open, and still small.
+    open_node = await start_node(node_id="node-open")
+    status, _ = await open_node.request("POST", "/v1/internal/wake", data=fresh)
+    assert status == 202
+    status, body = await open_node.request(
+        "POST", "/v1/internal/wake", data=b'{"bucket": 3, "dueAt": "' + b"x" * (1 << 20) + b'"}'
+    )
+    assert_error_shape(status, body, 413)
+    for bad in (b"[" * 1500 + b"]" * 1500, b'{"bucket": 3, "dueAt": "\\ud800"}', b"\xff"):
+        assert_error_shape(*await open_node.request("POST", "/v1/internal/wake", data=bad), 400)
+
+
+async def test_the_chaos_route_refuses_hostile_bodies(start_node: NodeFactory) -> None:
+    node = await start_node(chaos_mode="on")
+
+    async def partition(raw: bytes) -> tuple[int, Any]:
+        return await node.request("PUT", "/v1/chaos/partition", data=raw)
+
+    for raw in (
+        as_json({"blocked": ["\ud800"]}),  # echoed back, it was not JSON a client could read
+        as_json({"blocked": ["127.0.0.1:1"], "\udc00": 1}),
+        as_json({"blocked": ["127.0.0.1\x00:1"]}),
+        b'{"blocked": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+        b"[" * 20_000 + b"]" * 20_000,
+    ):
+        assert_error_shape(*await partition(raw), 400)
+    assert_error_shape(*await partition(as_json({"blocked": ["x" * 70_000]})), 413)
+    status, body = await partition(as_json({"blocked": ["127.0.0.1:1"]}))
+    assert (status, body) == (200, {"blocked": ["127.0.0.1:1"]})
+    status, body = await partition(as_json({"blocked": []}))
+    assert (status, body) == (200, {"blocked": []})

@@ -11,8 +11,8 @@ import pytest
 
 from node.api.views import public_view
 from node.errors import ValidationFailed
-from node.schedule.model import Limits, Status
-from node.schedule.parse import parse_new_schedule
+from node.schedule.model import Limits, Status, is_storage_id
+from node.schedule.parse import MAX_DEPTH, parse_json, parse_new_schedule
 from node.store.documents import schedule_document
 from ring import bucket_for
 
@@ -101,6 +101,20 @@ def test_fingerprint_ignores_id_but_not_content() -> None:
         (body(headers={"a": 1}), "headers", 400),
         (body(headers={"fence-token": "9"}), "headers", 400),
         (body(headers={"Schedule-Id": "x"}), "headers", 400),
+        # `$` matches before a trailing newline: the patterns must match whole
+        (body(id="order-1\n"), "id", 400),
+        (body(topic="orders\n"), "topic", 400),
+        (body(tenant="billing\n"), "tenant", 400),
+        # times that leave datetime's range once made UTC
+        (body(executeAt="0001-01-01T00:00:00+01:00"), "executeAt", 400),
+        (body(executeAt="9999-12-31T23:59:59-01:00"), "executeAt", 400),
+        (
+            body(executeAt=..., recurrence={"every": "PT1H", "start": "9999-12-31T23:59:59-01:00"}),
+            "recurrence",
+            400,
+        ),
+        (body(key="k\x00"), "key", 400),
+        (body(headers={"trace": "a\x00b"}), "headers", 400),
     ],
 )
 def test_bad_input_names_the_field(raw: bytes, field: str | None, status: int) -> None:
@@ -140,3 +154,90 @@ def test_document_and_public_view() -> None:
         "createdAt": "2030-01-01T12:00:00.000Z",
         "payload": [1, "two"],
     }
+
+
+# -- header names: what the store can hold and Kafka should get ------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a\x00b",
+        "\x00",
+        "",
+        "$set",
+        "$",
+        "a.b",
+        ".",
+        "a b",
+        "tab\there",
+        "caf\u00e9",
+        "x" * 257,
+        "\x7f",
+    ],
+)
+def test_a_header_name_the_store_cannot_hold_is_refused(name: str) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        parse(body(headers={name: "v"}))
+    assert (caught.value.field, caught.value.status) == ("headers", 400)
+
+
+@pytest.mark.parametrize(
+    "name", ["trace", "X-B3-TraceId", "a$", "__TypeId__", "x" * 256, "!#%&'*+-^_`|~"]
+)
+def test_header_names_of_printable_ascii_are_kept(name: str) -> None:
+    assert parse(body(headers={name: "v\u00e9"})).headers == {name: "v\u00e9"}
+
+
+# -- what JSON a body may be -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"topic": "t", "payload": "\\ud800"}', "payload"),
+        (b'{"topic": "t", "payload": {"\\udc00": 1}}', "payload"),
+        (b'{"topic": "t", "payload": {"list": [1, "x\\udfff"]}}', "payload"),
+        (b'{"topic": "t", "headers": {"a": "\\ud83d"}}', "headers"),  # half an emoji
+        (b'{"topic": "t", "headers": {"\\ud83d": "a"}}', "headers"),
+        (b'{"topic": "t", "key": "\\udbff"}', "key"),
+        (b'{"topic": "\\ud800"}', "topic"),
+        (b'{"\\ud800": 1}', None),  # a top-level member name: no field to name
+        (b'"\\ud800"', None),
+        (b'{"topic": "t", "payload": "\xed\xa0\x80"}', None),  # the surrogate as UTF-8 bytes
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(raw: bytes, field: str | None) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        parse_json(raw)
+    assert (caught.value.field, caught.value.status) == (field, 400)
+    # The message is plain text: it never echoes the surrogate itself.
+    caught.value.message.encode()
+
+
+def test_a_surrogate_pair_is_text() -> None:
+    new = parse(b'{"topic": "t", "executeAt": "2030-01-01T12:00:05Z", "payload": "\\ud83d\\ude00"}')
+    assert new.payload == '"\U0001f600"'.encode()
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_nesting_is_bounded_and_never_reaches_the_recursion_limit() -> None:
+    assert parse_json(b"5") == 5 and parse_json(b"null") is None
+    parse_json(nested(MAX_DEPTH).encode())
+    for depth in (MAX_DEPTH + 1, 1000, 100_000):
+        with pytest.raises(ValidationFailed) as caught:
+            parse_json(nested(depth).encode())
+        assert caught.value.status == 400 and "deeper than 64" in caught.value.message
+    raw = f'{{"topic": "t", "payload": {nested(MAX_DEPTH)}}}'.encode()
+    with pytest.raises(ValidationFailed) as caught:
+        parse_json(raw)
+    assert caught.value.field == "payload"
+
+
+def test_a_stored_id_is_what_storage_id_makes() -> None:
+    assert is_storage_id("order-1") and is_storage_id("billing/order-1")
+    for bad in ("default/order-1", "a/b/c", "order-1\n", "x\x00", "/order-1", "billing/", "\ud800"):
+        assert not is_storage_id(bad), bad

@@ -127,7 +127,11 @@ def test_lease_writes_are_journaled_on_a_majority(
 ) -> None:
     # A lease write lost in a crash of the database could move a token back.
     node = Node(make_config(servers, database_name))
-    assert node.lease_store.collection.write_concern.document == {"w": "majority", "j": True, "wtimeout": 5000}
+    assert node.lease_store.collection.write_concern.document == {
+        "w": "majority",
+        "j": True,
+        "wtimeout": 5000,
+    }
 
 
 async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:

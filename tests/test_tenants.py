@@ -6,6 +6,7 @@ the real HTTP API of a node with auth on, on the embedded store and broker.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from node.errors import TenantError
 from node.store.tenants import TenantStore
-from node.tenants.model import Tenant, key_digest
+from node.tenants.model import Tenant, key_digest, validate_name
 from node.tenants.quotas import PendingQuota, RateLimiter, TokenBucket
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
 
@@ -300,3 +302,113 @@ def test_cli_prints_the_key_once_and_stores_only_its_digest(
         stored: list[dict[str, Any]] = list(client[database_name].api_keys.find())
         assert [k["_id"] for k in stored] == [key_digest(key)]
         assert key not in repr(stored)
+
+
+# -- a path id names a schedule of the caller's tenant, and nothing else (issue 17) --
+
+# Every way we know to spell "billing/order-1" (or a part of it) in a path.
+# Stored ids are "tenant/id", but the default tenant's are bare: a '/' that
+# survived into the id named tenant billing's document.
+ENCODINGS = (
+    "billing%2Forder-1",  # the finding
+    "billing%2forder-1",
+    "billing%252Forder-1",  # encoded twice
+    "billing%25252Forder-1",
+    "%2e%2e%2Fbilling%2Forder-1",
+    "billing%5Corder-1",  # a backslash
+    "billing%C0%AForder-1",  # an overlong UTF-8 '/'
+    "billing%E2%88%95order-1",  # U+2215 division slash
+    "billing%EF%BC%8Forder-1",  # U+FF0F fullwidth solidus
+    "billing%E2%81%84order-1",  # U+2044 fraction slash
+    "billing%2F%2E%2E%2Forder-1",
+    "order-1%00",  # NUL
+    "billing%00order-1",
+    "billing%2Forder-1%0A",
+    "order-1%0A",  # a trailing newline, which a `$` lets through
+    "x" * 129,
+    "x" * 4000,
+)
+
+
+async def read_by_path(node: NodeHandle, path: str, **kwargs: Any) -> list[tuple[int, Any]]:
+    """GET, DELETE and GET /history of ``path``, sent exactly as written."""
+    from yarl import URL
+
+    answers = []
+    for method, suffix in (("GET", ""), ("GET", "/history"), ("DELETE", "")):
+        url = URL(f"{node.url}/v1/schedules/{path}{suffix}", encoded=True)
+        async with node.session.request(method, url, **kwargs) as response:
+            answers.append((response.status, await response.json()))
+    return answers
+
+
+async def test_a_path_id_cannot_name_another_tenants_schedule_by_any_encoding(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    billing = await make_tenant(tenants, "billing")
+    default = await make_tenant(tenants, "default")
+    status, _ = await secured.request(
+        "POST",
+        "/v1/schedules",
+        json=schedule(id="order-1", payload={"card": "4242"}, headers={"secret": "s"}),
+        headers=bearer(billing),
+    )
+    assert status == 201
+    before = await mongo.schedules.find_one({"_id": "billing/order-1"})
+    for path in ENCODINGS:
+        for status, body in await read_by_path(secured, path, headers=bearer(default)):
+            assert (status, body["error"]["code"], body["error"]["field"]) == (
+                400,
+                "invalid_request",
+                "id",
+            ), path
+    # A raw '/' is another route: none there (404), and still no lookup.
+    for status, body in await read_by_path(secured, "billing/order-1", headers=bearer(default)):
+        assert status in (404, 405) and set(body) == {"error"}
+    # The store is as it was: nothing read out, nothing cancelled.
+    assert await mongo.schedules.find_one({"_id": "billing/order-1"}) == before
+    assert await mongo.schedules.count_documents({}) == 1
+    _, mine = await secured.request("GET", "/v1/schedules/order-1", headers=bearer(billing))
+    assert (mine["status"], mine["payload"]) == ("PENDING", {"card": "4242"})
+
+
+async def test_with_auth_off_a_path_id_is_held_to_the_id_pattern_too(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    node = await start_node()
+    status, _ = await node.request(
+        "POST", "/v1/schedules", json=schedule(id="order-1", tenant="billing")
+    )
+    assert status == 201
+    for path in ENCODINGS:
+        for query in ("", "?tenant=default"):
+            for status, body in await read_by_path(node, path + query):
+                assert (status, body["error"]["field"]) == (400, "id"), path
+    assert (await mongo.schedules.find_one({"_id": "billing/order-1"}))["status"] == "PENDING"
+    # Acting for billing by name (what auth off allows) still finds it by its own id.
+    status, found = await node.request("GET", "/v1/schedules/order-1?tenant=billing")
+    assert (status, found["tenant"]) == (200, "billing")
+
+
+async def test_a_key_that_is_not_text_is_a_401(secured: NodeHandle, tenants: TenantStore) -> None:
+    # aiohttp hands undecodable header bytes over as lone surrogates: the key's
+    # digest raised on them, a plain-text 500.
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", secured.node.http_port)
+    writer.write(
+        b"GET /v1/schedules HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer sk_\xff\xfe\r\n\r\n"
+    )
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a/b", "x" * 65, "acme\n", "acme\x00"])
+def test_a_tenant_name_outside_the_alphabet_is_refused(name: str) -> None:
+    # "acme\n": the name pattern ends in $, which matches before a final newline.
+    with pytest.raises(TenantError):
+        validate_name(name)

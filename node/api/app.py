@@ -3,7 +3,13 @@
 
 The one place errors become HTTP: every ``SchedulerError`` carries its code,
 a status hint and a retry hint, and ``errors_and_metrics`` turns them into
-the response. The routes live in ``schedules.py`` and ``cluster.py``.
+the response; aiohttp's own refusals (no route, wrong method, body too large)
+and any unexpected exception (a 500 ``internal``, logged with its traceback)
+get the same shape. The routes live in ``schedules.py`` and ``cluster.py``.
+
+Only a request aiohttp cannot parse as HTTP at all (a request line or header
+over 8190 bytes, a bad byte in a header, broken chunked framing) is refused
+before any of this runs, with aiohttp's plain-text 400.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from aiohttp import web
 from node.api import cluster, schedules
 from node.api.auth import CALLER, identify
 from node.api.context import CONTEXT, ApiContext, json_response
+from node.api.inputs import BODY_LEFT
 from node.errors import SchedulerError, StoreUnavailable, Unauthorized
 
 log = structlog.get_logger("node.api")
@@ -24,6 +31,15 @@ log = structlog.get_logger("node.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # The longest Retry-After ever suggested (a hint beyond a day helps nobody).
 MAX_RETRY_AFTER = 86400
+# aiohttp's refusals by status, as our error codes.
+HTTP_ERROR_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
 
 
 def error_response(error: SchedulerError) -> web.Response:
@@ -34,6 +50,12 @@ def error_response(error: SchedulerError) -> web.Response:
     if isinstance(error, Unauthorized):
         response.headers["WWW-Authenticate"] = 'Bearer realm="scheduler"'
     return response
+
+
+def internal_error() -> web.Response:
+    """A 500 that says nothing of the fault to the caller: the log has it."""
+    body = {"error": {"code": "internal", "message": "internal error; the node's log has it"}}
+    return json_response(body, status=500)
 
 
 @web.middleware
@@ -50,18 +72,32 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         status = response.status
         return response
     except SchedulerError as exc:
+        if exc.status_hint is None:  # never meant to reach a caller: a bug here
+            log.exception("error that never reaches a caller", method=request.method, route=route)
+            return internal_error()
         if isinstance(exc, StoreUnavailable):
             log.warning("store unavailable", error=str(exc.__cause__), path=request.path)
-        status = exc.status_hint or 500
-        return error_response(exc)
+        status = exc.status_hint
+        response = error_response(exc)
+        if request.get(BODY_LEFT):  # the stream is not at the next request: close it
+            response.force_close()
+        return response
     except web.HTTPException as exc:
+        if exc.status < 400:  # a redirect is not an error
+            status = exc.status
+            raise
         # aiohttp's own refusals (unknown route, wrong method, body too large)
         # in the same error shape as ours.
         status = exc.status
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
-            exc.status, "http_error"
-        )
-        return json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status)
+        code = HTTP_ERROR_CODES.get(exc.status, "http_error")
+        response = json_response({"error": {"code": code, "message": exc.reason}}, exc.status)
+        if "Allow" in exc.headers:  # a 405 says which methods the route takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception:
+        # A bug, or a failure nobody turned into a SchedulerError: still JSON.
+        log.exception("unexpected error", method=request.method, route=route)
+        return internal_error()
     finally:
         context.metrics.http_requests.labels(route, request.method, str(status)).inc()
 

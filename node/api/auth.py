@@ -2,7 +2,9 @@
 
 With auth on (the default of ``python -m node run``) every route needs a key
 except the probes, the metrics, the OpenAPI document, the cluster page's
-HTML and the node-to-node wake-up hint; the operator routes
+HTML and the node-to-node wake-up hint (which no tenant sends: with
+CLUSTER_KEYS set, it needs the cluster's signature instead, see
+``cluster.wake``); the operator routes
 (``/v1/cluster``, ``/v1/admin/``, ``/v1/chaos/``) need an admin tenant's key.
 A schedule belongs to the tenant of the key that created it, and another
 tenant's key gets 404 for it, as if it did not exist.
@@ -14,6 +16,7 @@ tenants existed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -27,6 +30,10 @@ OPEN_ROUTES = frozenset(
 )
 ADMIN_PREFIXES = ("/v1/cluster", "/v1/admin/", "/v1/chaos/")
 CALLER: web.RequestKey[Caller] = web.RequestKey("caller")
+# What an API key can be (``sk_`` and URL-safe base64): anything else is no
+# key, refused without a lookup (aiohttp hands undecodable header bytes over
+# as lone surrogates, which no digest can take).
+_KEY = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 @dataclass(frozen=True)
@@ -54,9 +61,12 @@ async def identify(request: web.Request, directory: TenantDirectory | None) -> C
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if path in OPEN_ROUTES:
         return Caller(tenant=None, admin=False)
-    if scheme.lower() != "bearer" or not key.strip():
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
         raise Unauthorized("send Authorization: Bearer <API key>")
-    tenant = await directory.authenticate(key.strip())
+    if not _KEY.fullmatch(key):
+        raise Unauthorized("unknown or revoked API key")
+    tenant = await directory.authenticate(key)
     if tenant is None:
         raise Unauthorized("unknown or revoked API key")
     if path.startswith(ADMIN_PREFIXES) and not tenant.admin:

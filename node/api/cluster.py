@@ -5,7 +5,7 @@ the metrics and the OpenAPI document.
 
 from __future__ import annotations
 
-import json
+import re
 import time
 from importlib import resources
 from typing import Any
@@ -13,8 +13,10 @@ from typing import Any
 from aiohttp import web
 
 from node.api.context import CONTEXT, ApiContext, json_response
+from node.api.inputs import no_body, read_body, read_json
 from node.api.openapi import document as openapi_document
 from node.errors import ScheduleConflict, ValidationFailed
+from node.schedule.parse import parse_json
 from node.schedule.times import parse_time, utcnow
 from ring import parse_version
 
@@ -23,6 +25,12 @@ CLUSTER_PAGE = (resources.files("node.api") / "static" / "cluster.html").read_te
 # Several open cluster pages cost one backlog query a second, not one each.
 BACKLOG_CACHE_SECONDS = 1.0
 BACKLOG: web.AppKey[Backlog] = web.AppKey("backlog")
+# A wake-up hint is some 150 bytes; the route takes no more than this.
+WAKE_BODY_LIMIT = 4096
+# The header a hint's signature travels in (node/delivery/hints.py signs it).
+SIGNATURE_HEADER = "X-Scheduler-Signature"
+CHAOS_BODY_LIMIT = 64 * 1024
+_PEER_ADDRESS = re.compile(r"[\x21-\x7e]{1,300}")  # host:port, printable ASCII
 
 
 routes = web.RouteTableDef()
@@ -93,16 +101,28 @@ class Backlog:
 
 @routes.post("/v1/internal/wake")
 async def wake(request: web.Request) -> web.Response:
-    """A peer accepted a schedule in one of our buckets, due soon."""
+    """A peer accepted a schedule in one of our buckets, due soon.
+
+    No tenant's key (node/api/auth.py lets it through): with CLUSTER_KEYS
+    set, a hint must be signed by the cluster and recent (401 otherwise,
+    node/delivery/hints.py). With no cluster keys (the dev stack) the route
+    is open to whoever reaches the port: a forged hint can only wake a
+    poller early. Either way the body is small (413 past WAKE_BODY_LIMIT),
+    and the signature is checked before the body is parsed."""
     context = request.app[CONTEXT]
-    try:
-        body = json.loads(await request.read())
-        bucket = body["bucket"]
-        due_at = parse_time(body["dueAt"], "dueAt")
-    except (ValueError, KeyError, TypeError):
-        raise ValidationFailed('body must be {"bucket": int, "dueAt": time}') from None
+    body = await read_body(request, WAKE_BODY_LIMIT)
+    context.wakes.verify(body, request.headers.get(SIGNATURE_HEADER))
+    data = parse_json(body)
+    if not isinstance(data, dict) or "bucket" not in data or "dueAt" not in data:
+        raise ValidationFailed('body must be {"bucket": int, "dueAt": time}')
+    bucket = data["bucket"]
     if not isinstance(bucket, int) or isinstance(bucket, bool):
         raise ValidationFailed("bucket must be an integer", "bucket")
+    due_at = parse_time(data["dueAt"], "dueAt")
+    if "sentAt" in data:  # hints.py verified it when signed; well-formed either way
+        parse_time(data["sentAt"], "sentAt")
+    if not isinstance(data.get("from", ""), str):
+        raise ValidationFailed("from must be a node id", "from")
     return json_response({"woken": context.wakes.wake(bucket, due_at)}, status=202)
 
 
@@ -110,11 +130,13 @@ async def wake(request: web.Request) -> web.Response:
 async def chaos_partition(request: web.Request) -> web.Response:
     """Chaos mode only: drop gossip to these peer addresses (a partition
     simulated in process, where network namespaces are unavailable)."""
-    try:
-        blocked = json.loads(await request.read())["blocked"]
-    except (ValueError, KeyError, TypeError):
-        raise ValidationFailed('body must be {"blocked": ["host:port", ...]}') from None
-    if not isinstance(blocked, list) or not all(isinstance(a, str) for a in blocked):
+    data = await read_json(request, CHAOS_BODY_LIMIT)
+    if not isinstance(data, dict) or "blocked" not in data:
+        raise ValidationFailed('body must be {"blocked": ["host:port", ...]}')
+    blocked = data["blocked"]
+    if not isinstance(blocked, list) or not all(
+        isinstance(a, str) and _PEER_ADDRESS.fullmatch(a) for a in blocked
+    ):
         raise ValidationFailed("blocked must be a list of host:port strings", "blocked")
     return json_response({"blocked": request.app[CONTEXT].block_gossip(blocked)})
 
@@ -128,6 +150,7 @@ async def cluster_view(request: web.Request) -> web.Response:
 async def drain(request: web.Request) -> web.Response:
     """Graceful leave without exiting (operators: before maintenance)."""
     context = request.app[CONTEXT]
+    await no_body(request)
     if not await context.drain():
         raise ScheduleConflict(f"node is {context.state}, not running: nothing to drain")
     return json_response({"node": context.config.node_id, "state": context.state})

@@ -30,6 +30,11 @@ class Wakes(Protocol):
     def accepted(self, doc: dict[str, Any]) -> None:
         """A schedule was stored: wake its owner in time for it (never waits)."""
 
+    def verify(self, body: bytes, signature: str | None) -> None:
+        """A peer's hint (its raw body, and its signature header) is the
+        cluster's: raises Unauthorized when the node has cluster keys and
+        none of them signed it, or it is stale. Without keys, any hint is."""
+
     def wake(self, bucket: int, due_at: datetime) -> bool:
         """A peer's hint: True when this node holds ``bucket`` and woke its poller."""
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
-from node.schedule.model import ID_PATTERN
+from node.schedule.model import (
+    HEADER_NAME,
+    ID_PATTERN,
+    MAX_HEADERS,
+    TENANT_NAME,
+    TOPIC_PATTERN,
+    Status,
+)
+from node.schedule.parse import MAX_DEPTH
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
@@ -27,6 +35,7 @@ ERROR_CODES = (
     "quota_exceeded",  # 429: the tenant has its maximum of PENDING schedules
     "store_unavailable",  # 503: MongoDB did not answer; retry
     "store_busy",  # 503: MongoDB answers too slowly to take more now; Retry-After
+    "internal",  # 500: a fault of the node's own (a bug); its log has the traceback
     "http_error",  # any other refusal by the HTTP server itself
 )
 
@@ -52,12 +61,24 @@ _ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": ID_PATTERN.pattern},
+    "description": "the id as created; anything else (a '/' however encoded, '%', NUL, "
+    "non-ASCII, over 128 characters) is a 400 with field id, before any lookup",
 }
+_TENANT_NAME = {"type": "string", "pattern": TENANT_NAME.pattern}
+# ISO 8601 durations of a fixed length (node/schedule/times.py): weeks alone,
+# or days and a time part.
+_DURATION = {
+    "type": "string",
+    "pattern": "^P(?:[0-9]{1,9}W|(?:[0-9]{1,9}D)?"
+    "(?:T(?:[0-9]{1,9}H)?(?:[0-9]{1,9}M)?(?:[0-9]{1,9}(?:[.][0-9]{1,3})?S)?)?)$",
+}
+_NO_NUL = "^[^\\x00]*$"
+_TOPIC = {"type": "string", "pattern": TOPIC_PATTERN.pattern, "not": {"enum": [".", ".."]}}
 _STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
 _TENANT = {
     "name": "tenant",
     "in": "query",
-    "schema": {"type": "string", "default": "default"},
+    "schema": {**_TENANT_NAME, "default": "default"},
     "description": "auth off only: the tenant whose schedule this is; with auth on, "
     "the key's tenant (another value is a 403)",
 }
@@ -80,7 +101,11 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "code": {"type": "string", "enum": list(ERROR_CODES)},
                     "message": {"type": "string"},
-                    "field": {"type": "string", "description": "the offending field, if one"},
+                    "field": {
+                        "type": "string",
+                        "description": "the offending field, if one (the top-level member "
+                        "of the body, or the query or path parameter)",
+                    },
                 },
             }
         },
@@ -90,8 +115,12 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "description": "exactly one of every and cron; each occurrence is delivered "
         "once, under the same guarantees as a one-shot schedule",
+        "oneOf": [
+            {"required": ["every"], "not": {"required": ["timeZone"]}},
+            {"required": ["cron"]},
+        ],
         "properties": {
-            "every": {"type": "string", "description": "ISO 8601 duration, PT1S to P3660D"},
+            "every": {**_DURATION, "description": "ISO 8601 duration, PT1S to P3660D"},
             "cron": {"type": "string", "description": "5 fields: minute hour day month weekday"},
             "timeZone": {"type": "string", "default": "UTC", "description": "IANA, cron only"},
             "start": {"type": "string", "format": "date-time"},
@@ -111,8 +140,8 @@ SCHEMAS: dict[str, Any] = {
         "description": "absent fields take the node's MAX_ATTEMPTS and RETRY_BACKOFF(_MAX)",
         "properties": {
             "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 100},
-            "initialBackoff": {"type": "string", "description": "ISO 8601 duration"},
-            "maxBackoff": {"type": "string", "description": "ISO 8601 duration, at most P1D"},
+            "initialBackoff": {**_DURATION, "description": "ISO 8601 duration"},
+            "maxBackoff": {**_DURATION, "description": "ISO 8601 duration, at most P1D"},
         },
     },
     "Occurrence": {
@@ -139,8 +168,14 @@ SCHEMAS: dict[str, Any] = {
     },
     "NewSchedule": {
         "type": "object",
+        "description": "Every string must be valid Unicode (a lone surrogate escape such as "
+        f"\\ud800 is a 400 naming the field) and the body nests at most {MAX_DEPTH} levels "
+        "of arrays and objects.",
         "required": ["topic"],
-        "oneOf": [{"required": ["executeAt"]}, {"required": ["recurrence"]}],
+        "allOf": [
+            {"oneOf": [{"required": ["executeAt"]}, {"required": ["recurrence"]}]},
+            {"oneOf": [{"required": ["payload"]}, {"required": ["payloadBase64"]}]},
+        ],
         "additionalProperties": False,
         "properties": {
             "id": {
@@ -148,15 +183,29 @@ SCHEMAS: dict[str, Any] = {
                 "pattern": ID_PATTERN.pattern,
                 "description": "idempotency key; the server assigns one when absent",
             },
-            "topic": {"type": "string", "description": "Kafka topic"},
+            "topic": {**_TOPIC, "description": "Kafka topic"},
             "executeAt": {"type": "string", "format": "date-time"},
             "recurrence": _ref("Recurrence"),
             "retry": _ref("RetryPolicy"),
             "payload": {"description": "any JSON; sent as UTF-8 JSON"},
             "payloadBase64": {"type": "string", "description": "raw bytes instead of payload"},
-            "key": {"type": "string", "description": "Kafka record key (default: the id)"},
-            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-            "tenant": {"type": "string", "default": "default"},
+            "key": {
+                "type": "string",
+                "pattern": _NO_NUL,
+                "description": "Kafka record key (default: the id); at most 1024 bytes "
+                "as UTF-8, no NUL",
+            },
+            "headers": {
+                "type": "object",
+                "maxProperties": MAX_HEADERS,
+                "propertyNames": {"pattern": HEADER_NAME.pattern},
+                "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+                "description": "Kafka record headers: names of 1-256 printable ASCII "
+                "characters, no '.', not starting with '$', none of the scheduler's own "
+                "(schedule-id, execute-at, fence-token, tenant, attempt); values without "
+                "NUL; at most 8 KiB in all",
+            },
+            "tenant": {**_TENANT_NAME, "default": "default"},
         },
     },
     "Schedule": {
@@ -270,10 +319,23 @@ PATHS: dict[str, Any] = {
         "get": {
             "summary": "List schedules, oldest id first, a page at a time",
             "parameters": [
-                {"name": "tenant", "in": "query", "schema": {"type": "string"}},
-                {"name": "status", "in": "query", "schema": {"type": "string"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}},
-                {"name": "after", "in": "query", "schema": {"type": "string"}},
+                {"name": "tenant", "in": "query", "schema": _TENANT_NAME},
+                {
+                    "name": "status",
+                    "in": "query",
+                    "schema": {"type": "string", "enum": [s.value for s in Status]},
+                },
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                },
+                {
+                    "name": "after",
+                    "in": "query",
+                    "schema": {"type": "string"},
+                    "description": "the next of the page before; anything else is a 400",
+                },
             ],
             "responses": {
                 "200": _json(
@@ -334,6 +396,7 @@ PATHS: dict[str, Any] = {
             "summary": "One schedule",
             "responses": {
                 "200": _json(_ref("Schedule"), "The schedule"),
+                "400": _error("Bad id or query parameter (invalid_request)"),
                 "403": _error("Another tenant named in ?tenant= (forbidden)"),
                 "404": _error("No such schedule in the caller's tenant (not_found)"),
                 **_STORE_DOWN,
@@ -343,6 +406,7 @@ PATHS: dict[str, Any] = {
             "summary": "Cancel; after a 200 it is never delivered",
             "responses": {
                 "200": _json(_ref("Schedule"), "CANCELLED (also when it already was)"),
+                "400": _error("Bad id or query parameter (invalid_request)"),
                 "403": _error("Another tenant named in ?tenant= (forbidden)"),
                 "404": _error("No such schedule in the caller's tenant (not_found)"),
                 "409": _error("Already delivered, in flight or failed (not_cancellable)"),
@@ -355,7 +419,11 @@ PATHS: dict[str, Any] = {
         "get": {
             "summary": "Every delivery attempt still kept (HISTORY_RETENTION), newest first",
             "parameters": [
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 1000}}
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                }
             ],
             "responses": {
                 "200": _json(
@@ -370,7 +438,7 @@ PATHS: dict[str, Any] = {
                     },
                     "The attempts",
                 ),
-                "400": _error("Bad query parameter (invalid_request)"),
+                "400": _error("Bad id or query parameter (invalid_request)"),
                 "403": _error("Another tenant named in ?tenant= (forbidden)"),
                 "404": _error("No such schedule in the caller's tenant (not_found)"),
                 **_STORE_DOWN,
@@ -408,6 +476,19 @@ PATHS: dict[str, Any] = {
     "/v1/internal/wake": {
         "post": {
             "summary": "Between nodes: a schedule in one of your buckets falls due soon",
+            "description": "No tenant's API key. With CLUSTER_KEYS set, the body must be "
+            "signed: X-Scheduler-Signature: sha256=<hex HMAC-SHA256 of the body under a "
+            "cluster key>, and its sentAt within 60 s of the receiver's clock (else 401). "
+            "Without cluster keys (the dev stack) the route is open. Bodies over 4 KiB: 413.",
+            "parameters": [
+                {
+                    "name": "X-Scheduler-Signature",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "sha256=<hex>; needed when the node has cluster keys",
+                }
+            ],
             "requestBody": _body(
                 {
                     "type": "object",
@@ -415,6 +496,12 @@ PATHS: dict[str, Any] = {
                     "properties": {
                         "bucket": {"type": "integer"},
                         "dueAt": {"type": "string", "format": "date-time"},
+                        "from": {"type": "string", "description": "the sending node's id"},
+                        "sentAt": {
+                            "type": "string",
+                            "format": "date-time",
+                            "description": "when it was sent; required when signed",
+                        },
                     },
                 }
             ),
@@ -423,6 +510,11 @@ PATHS: dict[str, Any] = {
                     {"type": "object", "properties": {"woken": {"type": "boolean"}}}, "Noted"
                 ),
                 "400": _error("Bad body (invalid_request)"),
+                "401": _error(
+                    "Cluster keys set, and the hint is unsigned, badly signed or stale "
+                    "(unauthorized)"
+                ),
+                "413": _error("Body over 4 KiB (payload_too_large)"),
             },
         }
     },
@@ -438,6 +530,7 @@ PATHS: dict[str, Any] = {
                     "Drained",
                 ),
                 "409": _error("Not running: starting, draining or stopping (conflict)"),
+                "413": _error("The route takes no body (payload_too_large)"),
             },
         }
     },
@@ -448,12 +541,18 @@ PATHS: dict[str, Any] = {
                 {
                     "type": "object",
                     "required": ["blocked"],
-                    "properties": {"blocked": {"type": "array", "items": {"type": "string"}}},
+                    "properties": {
+                        "blocked": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,300}$"},
+                        }
+                    },
                 }
             ),
             "responses": {
                 "200": _json({"type": "object"}, "The peers blocked now"),
                 "400": _error("Bad body (invalid_request)"),
+                "413": _error("Body over 64 KiB (payload_too_large)"),
             },
         }
     },
@@ -522,7 +621,12 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "version": version,
             "description": "Deliver a message to a Kafka topic at a given time. Any node "
             'accepts any call. Errors: {"error": {"code", "message", "field"}}; '
-            "the 404, 405 and 413 of the HTTP server itself use the same shape.",
+            "the 404, 405 and 413 of the HTTP server itself use the same shape, and so "
+            "does a 500 (code internal: a fault of the node's, never of the request). "
+            "Only a request that is not parseable HTTP (a request line or header over "
+            "8190 bytes, an invalid header byte, broken chunked framing) gets the HTTP "
+            "server's plain-text 400. JSON bodies must be UTF-8, hold no lone surrogate "
+            f"and nest at most {MAX_DEPTH} levels (400).",
         },
         "paths": _secure(PATHS),
         # Auth on (`python -m node run`'s default): a tenant's API key.
@@ -539,6 +643,7 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "responses": {
                 "NotFound": _error("No such route (not_found)"),
                 "MethodNotAllowed": _error("Wrong method for the route (method_not_allowed)"),
+                "Internal": _error("A fault of the node's own (internal); its log has it"),
             },
         },
     }

@@ -19,19 +19,20 @@ from aiohttp import web
 
 from node.api.auth import CALLER, Caller
 from node.api.context import CONTEXT, ApiContext, json_response
+from node.api.inputs import page_size, read_body, read_json, unknown_parameters
 from node.api.views import delivered_record, public_record, public_view
 from node.errors import (
-    PayloadTooLarge,
     ScheduleNotFound,
     SchedulerError,
     StoreUnavailable,
     ValidationFailed,
 )
-from node.schedule.model import NewSchedule, Status, public_id, storage_id
+from node.schedule.model import NewSchedule, Status, is_storage_id, public_id, storage_id
 from node.schedule.parse import (
     parse_json,
     parse_new_schedule,
     parse_schedule_object,
+    validate_id,
     validate_tenant,
 )
 from node.schedule.times import utcnow
@@ -74,7 +75,7 @@ def _accepted(context: ApiContext, doc: dict[str, Any]) -> None:
 @routes.post("/v1/schedules")
 async def create_schedule(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
-    body = await _read_body(request, body_limit(context.config.max_payload_bytes))
+    body = await read_body(request, body_limit(context.config.max_payload_bytes))
     now = utcnow()
     new = parse_new_schedule(body, context.limits, now, _caller(request).scope)
     [refused] = await context.admission.check([new])
@@ -92,7 +93,7 @@ async def create_batch(request: web.Request) -> web.Response:
     its own (not all or nothing): an item's status is what a single POST of
     it would have answered. The inserts share round trips (group commit)."""
     context = request.app[CONTEXT]
-    data = parse_json(await _read_body(request, BATCH_BODY_LIMIT))
+    data = await read_json(request, BATCH_BODY_LIMIT)
     items = data.get("schedules") if isinstance(data, dict) else None
     if not isinstance(items, list) or set(data) != {"schedules"}:
         raise ValidationFailed('body must be {"schedules": [schedule, ...]}', "schedules")
@@ -150,28 +151,21 @@ def _refused(index: int, error: SchedulerError) -> dict[str, Any]:
     return _item(index, error.status_hint or 500, error.body())
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body over {limit} bytes")
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body over {limit} bytes") from None
-    if len(body) > limit:  # chunked, so no length was announced
-        raise PayloadTooLarge(f"request body over {limit} bytes")
-    return body
-
-
 def _schedule_id(request: web.Request, also: frozenset[str] | set[str] = frozenset()) -> str:
     """The stored id of the schedule a route names, in the caller's tenant
     (with auth off, the ``tenant`` query parameter's, default ``default``).
-    Another tenant's schedule is then simply not found."""
-    unknown = sorted(set(request.query) - {"tenant", *also})
-    if unknown:
-        raise ValidationFailed(f"unknown query parameter {unknown[0]!r}", unknown[0])
+    Another tenant's schedule is then simply not found.
+
+    The path's id is held to the same pattern as a body's, before any
+    lookup: stored ids are "tenant/id" (the default tenant's bare), so an id
+    that decoded to hold a '/' (``billing%2Forder-1``) would name tenant
+    billing's document. No '/' (nor '%', NUL, or anything outside ASCII)
+    gets past the pattern, however it was encoded."""
+    schedule_id = validate_id(request.match_info["schedule_id"])
+    unknown_parameters(request.query, {"tenant", *also})
     requested = request.query.get("tenant")
     tenant = _caller(request).scope(None if requested is None else validate_tenant(requested))
-    return storage_id(tenant, request.match_info["schedule_id"])
+    return storage_id(tenant, schedule_id)
 
 
 def _not_found(stored_id: str) -> ScheduleNotFound:
@@ -209,14 +203,11 @@ async def cancel_schedule(request: web.Request) -> web.Response:
 async def schedule_history(request: web.Request) -> web.Response:
     """Every delivery attempt of a schedule still kept, newest first."""
     context = request.app[CONTEXT]
-    limit_text = request.query.get("limit", str(DEFAULT_PAGE))
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
     stored_id = _schedule_id(request, also={"limit"})
+    limit = page_size(request.query, MAX_PAGE, DEFAULT_PAGE)
     doc = await context.store.get(stored_id)
     if doc is None:
         raise _not_found(stored_id)
-    limit = int(limit_text)
     history = [public_record(r) for r in await context.history.of(stored_id, limit)]
     delivered = delivered_record(doc)
     if delivered is not None:  # the newest attempt, kept by the schedule itself
@@ -235,16 +226,11 @@ async def schedule_history(request: web.Request) -> web.Response:
 async def list_schedules(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     query = request.query
-    unknown = sorted(set(query) - {"tenant", "status", "limit", "after"})
-    if unknown:
-        raise ValidationFailed(f"unknown query parameter {unknown[0]!r}", unknown[0])
+    unknown_parameters(query, {"tenant", "status", "limit", "after"})
     status = query.get("status")
     if status is not None and status not in Status.__members__:
         raise ValidationFailed(f"status must be one of {', '.join(Status)}", "status")
-    limit_text = query.get("limit", str(DEFAULT_PAGE))
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    limit = int(limit_text)
+    limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
     after = _decode_cursor(query["after"]) if "after" in query else None
     requested = query.get("tenant")
     tenant = _caller(request).tenant or (None if requested is None else validate_tenant(requested))
@@ -266,11 +252,14 @@ def _encode_cursor(last_id: str) -> str:
 
 
 def _decode_cursor(text: str) -> str:
+    """The stored id a cursor holds. Anything else is a 400: a made-up
+    cursor must not reach the store (a NUL, a lone surrogate, deep JSON)."""
+    refused = ValidationFailed("after is not a cursor returned by this API", "after")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        after = json.loads(raw)["after"]
-    except (binascii.Error, ValueError, KeyError, TypeError):
-        raise ValidationFailed("after is not a cursor returned by this API", "after") from None
-    if not isinstance(after, str):
-        raise ValidationFailed("after is not a cursor returned by this API", "after")
+        raw = base64.urlsafe_b64decode(text.encode("ascii") + b"=" * (-len(text) % 4))
+        after = parse_json(raw)["after"]
+    except (binascii.Error, ValueError, ValidationFailed, KeyError, TypeError):
+        raise refused from None
+    if not isinstance(after, str) or not is_storage_id(after):
+        raise refused
     return after

@@ -32,11 +32,19 @@ class Status(enum.StrEnum):
 # Headers the scheduler sets on every record; a caller may not forge them.
 RESERVED_HEADERS = frozenset({"schedule-id", "execute-at", "fence-token", "tenant", "attempt"})
 
-# A client id (the idempotency key).
+# The patterns are written as JSON Schema (ECMA 262) reads them, for the
+# OpenAPI document; in Python, use them with ``fullmatch`` (the helpers below):
+# ``match`` lets ``$`` match before a trailing newline, so "a\n" would pass.
+# A client id (the idempotency key), in a body or in a path.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Kafka's legal topic characters and length (kafka.common.internals.Topic).
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# A caller's record header name: 1-256 characters of printable ASCII but '.'
+# (no space, no control character), not starting with '$'. The store keeps
+# headers as a sub-document whose field names must not hold NUL, and '$' and
+# '.' there make field names MongoDB's operators misread.
+HEADER_NAME = re.compile(r"^[\x21-\x23\x25-\x2d\x2f-\x7e][\x21-\x2d\x2f-\x7e]{0,255}$")
 DEFAULT_TENANT = "default"
 # Stored ids are "tenant/id" ('/' is in neither alphabet), so that one
 # tenant's ids never collide with, or reveal, another's.
@@ -104,6 +112,14 @@ def storage_id(tenant: str, schedule_id: str) -> str:
     return f"{tenant}{_TENANT_SEPARATOR}{schedule_id}"
 
 
+def is_storage_id(text: str) -> bool:
+    """A document ``_id`` that ``storage_id`` can return (a list cursor holds one)."""
+    tenant, separator, schedule_id = text.rpartition(_TENANT_SEPARATOR)
+    if not separator:
+        return is_client_id(text)
+    return tenant != DEFAULT_TENANT and is_tenant_name(tenant) and is_client_id(schedule_id)
+
+
 def public_id(document_id: str) -> str:
     """The id the tenant knows, from a document ``_id``."""
     return document_id.rpartition(_TENANT_SEPARATOR)[2]
@@ -111,4 +127,17 @@ def public_id(document_id: str) -> str:
 
 def is_topic(name: str) -> bool:
     """A legal Kafka topic name."""
-    return bool(TOPIC_PATTERN.match(name)) and name not in {".", ".."}
+    return bool(TOPIC_PATTERN.fullmatch(name)) and name not in {".", ".."}
+
+
+def is_client_id(text: str) -> bool:
+    """A legal schedule id: what a caller may send as ``id`` or in a path."""
+    return bool(ID_PATTERN.fullmatch(text))
+
+
+def is_tenant_name(text: str) -> bool:
+    return bool(TENANT_NAME.fullmatch(text))
+
+
+def is_header_name(text: str) -> bool:
+    return bool(HEADER_NAME.fullmatch(text))

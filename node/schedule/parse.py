@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -17,17 +18,18 @@ from typing import Any
 from node.errors import PayloadTooLarge, ValidationFailed
 from node.schedule.model import (
     DEFAULT_TENANT,
-    ID_PATTERN,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
     MAX_KEY_BYTES,
     RESERVED_HEADERS,
-    TENANT_NAME,
     Limits,
     NewSchedule,
+    is_client_id,
+    is_header_name,
+    is_tenant_name,
     is_topic,
 )
-from node.schedule.recurrence import parse_recurrence
+from node.schedule.recurrence import Recurrence, parse_recurrence
 from node.schedule.retry import parse_retry
 from node.schedule.times import parse_time
 
@@ -47,10 +49,30 @@ _ALLOWED_FIELDS = frozenset(
 )
 
 
+# The deepest nesting of arrays and objects a request body may have: far
+# more than any schedule needs, far less than the interpreter's recursion
+# limit (about 1,000), which every recursive walk of the value would hit.
+MAX_DEPTH = 64
+# UTF-16 surrogates: in a str only when a JSON body escaped one alone
+# ("\ud800"); no encoder takes them (UTF-8 for the store, Kafka, the log).
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# How one is written in JSON text (the only way: a body is decoded strictly);
+# a body without any needs no look at its strings.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9_$-]{1,64}")
+
+
 def validate_tenant(tenant: object, field: str = "tenant") -> str:
-    if not isinstance(tenant, str) or not TENANT_NAME.match(tenant):
+    if not isinstance(tenant, str) or not is_tenant_name(tenant):
         raise ValidationFailed("tenant must be 1-64 characters of [A-Za-z0-9._-]", field)
     return tenant
+
+
+def validate_id(schedule_id: object, field: str = "id") -> str:
+    """A schedule id as a caller writes it, in a body or in a path."""
+    if not isinstance(schedule_id, str) or not is_client_id(schedule_id):
+        raise ValidationFailed("id must be 1-128 characters of [A-Za-z0-9._:-]", field)
+    return schedule_id
 
 
 def validate_topic(topic: object, field: str = "topic") -> str:
@@ -62,11 +84,80 @@ def validate_topic(topic: object, field: str = "topic") -> str:
 
 
 def parse_json(body: bytes) -> Any:
-    """A request body as JSON (no NaN or Infinity). Raises ValidationFailed."""
+    """A request body as JSON: UTF-8 (RFC 8259; a BOM is let pass), no NaN
+    or Infinity, no string holding a lone surrogate, at most MAX_DEPTH levels
+    of arrays and objects. Raises ValidationFailed: a 400 naming the
+    top-level member at fault, never an error deeper in (an encoder's, the
+    interpreter's)."""
     try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        text = body.decode("utf-8-sig")
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:  # nested past the interpreter's limit
+        raise ValidationFailed(
+            f"body nests arrays and objects deeper than {MAX_DEPTH} levels"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValidationFailed(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, too many digits
         raise ValidationFailed(f"body is not valid JSON: {exc}") from None
+    check_json(data, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    return data
+
+
+def check_json(data: Any, *, strings: bool = True) -> None:
+    """Refuse a decoded JSON value nested deeper than MAX_DEPTH or, unless
+    ``strings`` is false, holding a lone surrogate (in a string or a member
+    name). Walks without recursion, and only into containers when it need
+    not look at strings."""
+    # (value, depth of the containers around it, its path from the root)
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(data, 0, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                _refuse_surrogate(path)
+            continue
+        if not isinstance(value, dict | list):  # a number, true, false, null
+            continue
+        if depth >= MAX_DEPTH:
+            field = _top_field(path)
+            where = f" (in {field!r})" if field else ""
+            raise ValidationFailed(
+                f"body nests arrays and objects deeper than {MAX_DEPTH} levels{where}", field
+            )
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if strings and isinstance(key, str) and _SURROGATE.search(key):
+                _refuse_surrogate(path, member_name=True)
+            if isinstance(item, dict | list) or (strings and isinstance(item, str)):
+                stack.append((item, depth + 1, (*path, key)))
+
+
+def _refuse_surrogate(path: tuple[str | int, ...], *, member_name: bool = False) -> None:
+    what = "a member name in" if member_name else "a string at"
+    raise ValidationFailed(
+        f"{what} {_json_path(path)} holds a lone UTF-16 surrogate (\\ud800-\\udfff): "
+        "not text, and not storable",
+        _top_field(path),
+    )
+
+
+def _top_field(path: tuple[str | int, ...]) -> str | None:
+    """The top-level member a fault is in: the field an error names."""
+    return path[0] if path and isinstance(path[0], str) else None
+
+
+def _json_path(path: tuple[str | int, ...]) -> str:
+    """``$.payload.items[2]``: where in the body (member names quoted when odd)."""
+    text = "$"
+    for step in path:
+        if isinstance(step, int):
+            text += f"[{step}]"
+        elif _SIMPLE_NAME.fullmatch(step):
+            text += f".{step}"
+        else:
+            text += f"[{json.dumps(step)}]"
+    return text
 
 
 # Which tenant a call acts for, given the ``tenant`` it names (None if it
@@ -96,12 +187,7 @@ def parse_schedule_object(
         raise ValidationFailed(f"unknown field {unknown[0]!r}", unknown[0])
 
     client_id = "id" in data
-    schedule_id = data.get("id")
-    if client_id:
-        if not isinstance(schedule_id, str) or not ID_PATTERN.match(schedule_id):
-            raise ValidationFailed("id must be 1-128 characters of [A-Za-z0-9._:-]", "id")
-    else:
-        schedule_id = uuid.uuid4().hex
+    schedule_id = validate_id(data["id"]) if client_id else uuid.uuid4().hex
 
     tenant = scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
 
@@ -113,12 +199,9 @@ def parse_schedule_object(
         raise ValidationFailed("exactly one of executeAt or recurrence is required", "executeAt")
     recurrence, recurrence_request = None, None
     if "recurrence" in data:
-        recurrence = parse_recurrence(data["recurrence"], now)
+        recurrence, execute_at = _parse_recurrence(data["recurrence"], now)
         recurrence_request = json.dumps(data["recurrence"], sort_keys=True)
-        first = recurrence.first(now)
-        if first is None:  # parse_recurrence refuses a chain with no occurrence
-            raise ValidationFailed("recurrence has no occurrence", "recurrence")
-        execute_at, when_field = first, "recurrence"
+        when_field = "recurrence"
     else:
         execute_at, when_field = parse_time(data["executeAt"], "executeAt"), "executeAt"
     if execute_at - now > limits.horizon:
@@ -132,8 +215,12 @@ def parse_schedule_object(
     payload, payload_format = _parse_payload(data, limits)
 
     key = data.get("key")
-    if key is not None and (not isinstance(key, str) or len(key.encode()) > MAX_KEY_BYTES):
-        raise ValidationFailed(f"key must be a string of at most {MAX_KEY_BYTES} bytes", "key")
+    if key is not None and (
+        not isinstance(key, str) or len(key.encode()) > MAX_KEY_BYTES or "\x00" in key
+    ):
+        raise ValidationFailed(
+            f"key must be a string of at most {MAX_KEY_BYTES} bytes, without NUL", "key"
+        )
 
     headers = _parse_headers(data.get("headers", {}))
     return NewSchedule(
@@ -150,6 +237,20 @@ def parse_schedule_object(
         recurrence_request=recurrence_request,
         retry=retry,
     )
+
+
+def _parse_recurrence(request: object, now: datetime) -> tuple[Recurrence, datetime]:
+    """The recurrence and its first occurrence."""
+    try:
+        recurrence = parse_recurrence(request, now)
+        first = recurrence.first(now)
+    except OverflowError:  # a start, end or step past year 9999 (or before 1)
+        raise ValidationFailed(
+            "recurrence reaches out of the range of dates", "recurrence"
+        ) from None
+    if first is None:  # parse_recurrence refuses a chain with no occurrence
+        raise ValidationFailed("recurrence has no occurrence", "recurrence")
+    return recurrence, first
 
 
 def _reject_constant(name: str) -> None:
@@ -190,11 +291,17 @@ def _parse_headers(headers: object) -> dict[str, str]:
         raise ValidationFailed(f"at most {MAX_HEADERS} headers are allowed", "headers")
     size = 0
     for name, value in headers.items():
-        if not name or not isinstance(value, str):
-            raise ValidationFailed("headers must map non-empty names to strings", "headers")
+        if not is_header_name(name):
+            raise ValidationFailed(
+                f"header name {name!r} is not 1-256 characters of printable ASCII without "
+                "'.' and not starting with '$'",
+                "headers",
+            )
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValidationFailed(f"header {name!r} must be a string without NUL", "headers")
         if name.lower() in RESERVED_HEADERS:
             raise ValidationFailed(f"header {name!r} is set by the scheduler", "headers")
-        size += len(name.encode()) + len(value.encode())
+        size += len(name) + len(value.encode())
     if size > MAX_HEADER_BYTES:
         raise ValidationFailed(f"headers exceed {MAX_HEADER_BYTES} bytes", "headers")
     return dict(headers)

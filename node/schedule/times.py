@@ -22,15 +22,18 @@ _CALENDAR_UNITS = re.compile(r"^P\d+[YM]")
 
 
 def parse_time(text: object, field: str) -> datetime:
-    if not isinstance(text, str) or not _RFC3339.match(text):
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
         raise ValidationFailed(
             f"{field} must be an RFC 3339 time with an offset, like 2030-01-02T03:04:05Z", field
         )
     try:
         parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+        # 0001-01-01T00:00:00+01:00 is a valid time that leaves datetime's range once UTC.
+        parsed = parsed.astimezone(UTC)
     except ValueError as exc:
         raise ValidationFailed(f"{field} is not a valid time: {exc}", field) from None
-    parsed = parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValidationFailed(f"{field} is out of range once made UTC", field) from None
     # BSON dates hold milliseconds; keep what is stored and what is compared equal.
     return parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
 
@@ -82,9 +85,9 @@ def parse_duration(text: object, field: str) -> timedelta:
             field,
         )
     try:
-        if weeks := _WEEKS.match(text):
+        if weeks := _WEEKS.fullmatch(text):
             value = timedelta(weeks=int(weeks.group(1)))
-        elif (parts := _DURATION.match(text)) and text not in {"P", "PT"} and text[-1] != "T":
+        elif (parts := _DURATION.fullmatch(text)) and text not in {"P", "PT"} and text[-1] != "T":
             days, hours, minutes, seconds, fraction = parts.groups()
             value = timedelta(
                 days=int(days or 0),

@@ -94,6 +94,6 @@ def key_digest(key: str) -> str:
 
 
 def validate_name(name: str) -> str:
-    if not TENANT_NAME.match(name):
+    if not TENANT_NAME.fullmatch(name):
         raise TenantError(f"tenant name must be 1-64 characters of [A-Za-z0-9._-], got {name!r}")
     return name
