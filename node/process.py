@@ -378,6 +378,8 @@ class Node:
         for task in (self._stall_task, self._clock_task):
             if task is not None:
                 task.cancel()
+        if self.config.chaos_mode != "off" and self.config.chaos_clock_skew:
+            skew_wall_clock(0)  # the skew is the process's; tests run several nodes in one
         self._move("stopped")
         log.info("node stopped")
 
