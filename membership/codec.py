@@ -1,23 +1,32 @@
 """The wire format: a version byte, a flags byte, an optional HMAC-SHA256,
 then a msgpack body ``[sender, [[code, field, ...], ...]]``.
 
-Decoding trusts nothing: every field's type is checked, sizes are bounded
-before msgpack allocates, and any fault raises ``DecodeError`` with a reason
-the transport counts. With cluster keys configured, a packet is sent with the
-first key and accepted under any of them, so keys rotate without downtime:
-add the new key second, then move it first, then drop the old one.
+Decoding trusts nothing, as it is the trust boundary: every field's type is
+checked, sizes are bounded before msgpack allocates, every address parses
+(``membership.address``: a port of 70000 must never reach a socket call),
+member ids and metadata keep to the characters and lengths a node id may
+have, sequence numbers and incarnations stay in their ranges, and any fault
+raises ``DecodeError`` with a reason the transport counts ("address" for an
+address, "malformed" for any other field). With cluster keys configured, a
+packet is sent with the first key and accepted under any of them, so keys
+rotate without downtime: add the new key second, then move it first, then
+drop the old one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 
+from membership.address import AddressError, parse_address
 from membership.messages import (
+    MAX_INCARNATION,
+    MAX_SEQ,
     Ack,
     Alive,
     Dead,
@@ -38,6 +47,7 @@ MAC_BYTES = 32
 HEADER_BYTES = 2
 # A stream frame (push-pull) may hold the whole cluster; a datagram may not.
 MAX_STREAM_BYTES = 16 * 1024 * 1024
+MAX_STR_BYTES = 1024
 
 
 class DecodeError(ValueError):
@@ -92,16 +102,66 @@ def envelope_size(sender: str) -> int:
     return HEADER_BYTES + MAC_BYTES + len(packed) + 4
 
 
-def _str(value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 512:
-        raise DecodeError("malformed", "expected a short string")
+# A member id is what a node id may be (node.config): it names the member in
+# logs, metrics, the cluster page and the leases it holds.
+MEMBER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Metadata: at most 32 pairs, keys shaped like ids, each once; values are
+# printable ASCII (host:port, version numbers), at most 256 characters.
+MAX_META_PAIRS = 32
+META_KEY = MEMBER_ID
+META_VALUE = re.compile(r"[\x20-\x7e]{0,256}")
+
+
+def is_member_id(value: object) -> bool:
+    return isinstance(value, str) and MEMBER_ID.fullmatch(value) is not None
+
+
+def is_meta(pairs: object) -> bool:
+    """True for metadata a peer accepts: a sequence of (key, value) string pairs."""
+    if not isinstance(pairs, list | tuple) or len(pairs) > MAX_META_PAIRS:
+        return False
+    keys: set[str] = set()
+    for pair in pairs:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            return False
+        key, value = pair
+        if not isinstance(key, str) or META_KEY.fullmatch(key) is None or key in keys:
+            return False
+        if not isinstance(value, str) or META_VALUE.fullmatch(value) is None:
+            return False
+        keys.add(key)
+    return True
+
+
+def _member(value: Any) -> str:
+    if not is_member_id(value):
+        raise DecodeError("malformed", f"bad member id {value!r:.80}")
+    result: str = value
+    return result
+
+
+def _address(value: Any) -> str:
+    if not isinstance(value, str):
+        raise DecodeError("malformed", "an address is a string")
+    try:
+        parse_address(value)
+    except AddressError as exc:
+        raise DecodeError("address", str(exc)) from None
     return value
 
 
-def _int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-        raise DecodeError("malformed", "expected a non-negative integer")
+def _int(value: Any, top: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+        raise DecodeError("malformed", f"expected an integer in 0-{top}")
     return value
+
+
+def _seq(value: Any) -> int:
+    return _int(value, MAX_SEQ)
+
+
+def _incarnation(value: Any) -> int:
+    return _int(value, MAX_INCARNATION)
 
 
 def _bool(value: Any) -> bool:
@@ -111,19 +171,14 @@ def _bool(value: Any) -> bool:
 
 
 def _meta_in(value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, list) or len(value) > 32:
+    if not isinstance(value, list) or not is_meta(value):
         raise DecodeError("malformed", "bad metadata")
-    pairs = []
-    for pair in value:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise DecodeError("malformed", "bad metadata pair")
-        pairs.append((_str(pair[0]), _str(pair[1])))
-    return tuple(pairs)
+    return tuple((key, text) for key, text in value)
 
 
 def _state(value: Any) -> State:
     try:
-        return State(_int(value))
+        return State(_int(value, max(State)))
     except ValueError:
         raise DecodeError("malformed", "unknown state") from None
 
@@ -132,7 +187,11 @@ def _record(value: Any) -> MemberRecord:
     if not isinstance(value, list) or len(value) != 5:
         raise DecodeError("malformed", "bad member record")
     return MemberRecord(
-        _str(value[0]), _str(value[1]), _int(value[2]), _state(value[3]), _meta_in(value[4])
+        _member(value[0]),
+        _address(value[1]),
+        _incarnation(value[2]),
+        _state(value[3]),
+        _meta_in(value[4]),
     )
 
 
@@ -143,19 +202,24 @@ def _records(value: Any) -> tuple[MemberRecord, ...]:
 
 
 _DECODERS: dict[int, tuple[int, Callable[[list[Any]], Message]]] = {
-    _PING: (4, lambda f: Ping(_int(f[0]), _str(f[1]), _str(f[2]), _str(f[3]))),
+    _PING: (4, lambda f: Ping(_seq(f[0]), _member(f[1]), _member(f[2]), _address(f[3]))),
     _PING_REQ: (
         6,
-        lambda f: PingReq(_int(f[0]), _str(f[1]), _str(f[2]), _str(f[3]), _str(f[4]), _bool(f[5])),
+        lambda f: PingReq(
+            _seq(f[0]), _member(f[1]), _address(f[2]), _member(f[3]), _address(f[4]), _bool(f[5])
+        ),
     ),
-    _ACK: (2, lambda f: Ack(_int(f[0]), _str(f[1]))),
-    _NACK: (2, lambda f: Nack(_int(f[0]), _str(f[1]))),
-    _ALIVE: (4, lambda f: Alive(_str(f[0]), _int(f[1]), _str(f[2]), _meta_in(f[3]))),
-    _SUSPECT: (3, lambda f: Suspect(_str(f[0]), _int(f[1]), _str(f[2]))),
-    _DEAD: (3, lambda f: Dead(_str(f[0]), _int(f[1]), _str(f[2]))),
+    _ACK: (2, lambda f: Ack(_seq(f[0]), _member(f[1]))),
+    _NACK: (2, lambda f: Nack(_seq(f[0]), _member(f[1]))),
+    _ALIVE: (
+        4,
+        lambda f: Alive(_member(f[0]), _incarnation(f[1]), _address(f[2]), _meta_in(f[3])),
+    ),
+    _SUSPECT: (3, lambda f: Suspect(_member(f[0]), _incarnation(f[1]), _member(f[2]))),
+    _DEAD: (3, lambda f: Dead(_member(f[0]), _incarnation(f[1]), _member(f[2]))),
     _PUSH_PULL: (
         5,
-        lambda f: PushPull(_str(f[0]), _str(f[1]), _records(f[2]), _bool(f[3]), _bool(f[4])),
+        lambda f: PushPull(_member(f[0]), _address(f[1]), _records(f[2]), _bool(f[3]), _bool(f[4])),
     ),
 }
 
@@ -216,7 +280,8 @@ class Codec:
                 body,
                 raw=False,
                 strict_map_key=True,
-                max_str_len=limit,
+                # No valid string is near this long (ids, addresses, metadata).
+                max_str_len=MAX_STR_BYTES,
                 max_bin_len=0,
                 max_array_len=limit,
                 max_map_len=0,
@@ -237,4 +302,9 @@ class Codec:
             raise DecodeError("malformed", "bad envelope")
         if not raw[1]:
             raise DecodeError("malformed", "empty packet")
-        return Packet(_str(raw[0]), tuple(_message(m) for m in raw[1]))
+        try:
+            return Packet(_member(raw[0]), tuple(_message(m) for m in raw[1]))
+        except DecodeError:
+            raise
+        except Exception as exc:  # a check above missed a case: still only a drop
+            raise DecodeError("malformed", type(exc).__name__) from None

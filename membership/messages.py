@@ -12,6 +12,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# The integer ranges on the wire. Sequence numbers wrap below MAX_SEQ (the
+# state machine counts modulo MAX_SEQ + 1); an incarnation saturates at
+# MAX_INCARNATION, msgpack's signed 64-bit range, rather than overflow it.
+MAX_SEQ = (1 << 62) - 1
+MAX_INCARNATION = (1 << 63) - 1
+
 
 class State(enum.IntEnum):
     """A member's state. The numbers are on the wire; never renumber."""

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from membership.codec import Codec
+from membership.address import AddressError, parse_address
+from membership.codec import Codec, is_member_id, is_meta
 from membership.config import SwimConfig
 from membership.messages import Event, MemberView, Packet, State
 from membership.state import Swim
@@ -30,6 +31,9 @@ REJOIN_INTERVAL = 2.0
 # How long a node with seeds waits to hear from one before it concludes it
 # is the first member up.
 JOIN_PATIENCE = 5.0
+# After an unexpected error in the driver loop, pause this long before the
+# next round, so a fault that repeats does not spin the CPU.
+ERROR_PAUSE = 0.05
 
 
 async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
@@ -38,7 +42,11 @@ async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
     loop = asyncio.get_running_loop()
     out: list[str] = []
     for seed in seeds:
-        host, port = split_address(seed) if ":" in seed else (seed, default_port)
+        try:
+            host, port = split_address(seed if ":" in seed else f"{seed}:{default_port}")
+        except ValueError as exc:
+            log.warning("seed %s is not HOST:PORT: %s", seed, exc)
+            continue
         if is_ip(host):
             out.append(f"{host}:{port}")
             continue
@@ -68,12 +76,21 @@ class Membership:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        # Peers drop packets whose ids or metadata their codec refuses: fail
+        # here, not silently in the cluster.
+        if not is_member_id(node_id):
+            raise ValueError(f"member id {node_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
         self.node_id = node_id
         self.bind = bind
         self.advertise_host = advertise_host
         self.config = config
         self.seeds = tuple(seeds)
         self.meta = tuple(sorted((meta or {}).items()))
+        if not is_meta(self.meta):
+            raise ValueError(
+                "membership metadata: at most 32 keys shaped like member ids, "
+                "values of at most 256 printable ASCII characters"
+            )
         self.clock = clock
         self.rng = rng or random.Random()
         self.transport = Transport(Codec(keys, max_bytes=config.max_packet_bytes), self._receive)
@@ -119,6 +136,14 @@ class Membership:
         if not is_ip(host):
             infos = await loop.getaddrinfo(host, None, family=socket.AF_INET)
             self.advertise_host = str(infos[0][4][0])
+        try:
+            advertised = parse_address(self.address)
+        except AddressError as exc:
+            await self.transport.stop()
+            raise ValueError(f"cannot advertise {self.address}: {exc}") from None
+        if advertised.ip is None or advertised.ip.version != 4:
+            await self.transport.stop()
+            raise ValueError(f"cannot advertise {self.address}: gossip runs over IPv4")
         self.swim = Swim(
             self.node_id,
             self.address,
@@ -132,8 +157,15 @@ class Membership:
         )
         self._started_at = self.clock()
         self._task = asyncio.create_task(self._drive(), name=f"membership-{self.node_id}")
+        self._task.add_done_callback(self._task_ended)
         if self.seeds:
             self._join_task = asyncio.create_task(self._join_seeds())
+            self._join_task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # Both loops catch everything but cancellation: this is a bug if it logs.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("membership: %s ended", task.get_name(), exc_info=task.exception())
 
     async def _join_seeds(self) -> None:
         """Exchange state with every seed that is not yet a live member.
@@ -146,19 +178,24 @@ class Membership:
         """
         delay = REJOIN_INTERVAL
         while self.swim is not None and not self.swim.leaving:
-            known = {
-                m.address
-                for m in self.swim.view()
-                if m.state in (State.ALIVE, State.SUSPECT) and m.id != self.node_id
-            }
-            addresses = [
-                a
-                for a in await resolve_seeds(self.seeds, self.bind[1])
-                if a != self.address and a not in known
-            ]
-            if addresses:
-                self.swim.join(addresses, self.clock())
-                self._flush()
+            known: set[str] = set()
+            try:
+                known = {
+                    m.address
+                    for m in self.swim.view()
+                    if m.state in (State.ALIVE, State.SUSPECT) and m.id != self.node_id
+                }
+                addresses = [
+                    a
+                    for a in await resolve_seeds(self.seeds, self.bind[1])
+                    if a != self.address and a not in known
+                ]
+                if addresses:
+                    self.swim.join(addresses, self.clock())
+                    self._flush()
+            except Exception:
+                self.handler_errors += 1
+                log.exception("membership: error joining through the seeds")
             # Back off while seeds stay unreachable, to the push-pull pace.
             delay = REJOIN_INTERVAL if not known else min(delay * 2, self.config.push_pull_interval)
             await asyncio.sleep(delay)
@@ -195,28 +232,43 @@ class Membership:
         except Exception:  # a state machine bug must not take the socket down
             self.handler_errors += 1
             log.exception("membership: error handling a packet")
-            return
-        self._flush()
+        # Send what was produced, even after an error part way through.
+        try:
+            self._flush()
+        except Exception:
+            self.handler_errors += 1
+            log.exception("membership: error sending after a packet")
 
     async def _drive(self) -> None:
+        """The timer loop. Nothing but cancellation ends it: an error in one
+        round is logged and counted (``handler_errors``), and the next runs."""
         assert self.swim is not None
         while True:
-            delay = max(0.0, self.swim.next_deadline() - self.clock())
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
             try:
-                self.swim.tick(self.clock())
+                delay = max(0.0, self.swim.next_deadline() - self.clock())
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                try:
+                    self.swim.tick(self.clock())
+                except Exception:
+                    self.handler_errors += 1
+                    log.exception("membership: error in a timer")
+                self._flush()
             except Exception:
                 self.handler_errors += 1
-                log.exception("membership: error in a timer")
-            self._flush()
+                log.exception("membership: error in the driver loop")
+                await asyncio.sleep(ERROR_PAUSE)
 
     def _flush(self) -> None:
         assert self.swim is not None
         outgoing, events = self.swim.drain()
         for out in outgoing:
-            self.transport.send(out.address, out.packet, reliable=out.reliable)
+            try:  # send never raises; should it, the other packets still go
+                self.transport.send(out.address, out.packet, reliable=out.reliable)
+            except Exception:
+                self.handler_errors += 1
+                log.exception("membership: error sending a packet")
         for event in events:
             for listener in self._listeners:
                 try:

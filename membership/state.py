@@ -34,6 +34,8 @@ from membership.broadcast import BroadcastQueue
 from membership.codec import envelope_size, message_size
 from membership.config import SwimConfig
 from membership.messages import (
+    MAX_INCARNATION,
+    MAX_SEQ,
     Ack,
     Alive,
     Dead,
@@ -299,7 +301,10 @@ class Swim:
         if self.leaving:
             return
         me = self.me
-        me.incarnation = max(me.incarnation, incarnation) + 1
+        # Saturate: past MAX_INCARNATION every peer's codec would drop our
+        # Alive, and every packet it rides on (a forged Suspect at the top of
+        # the range must not make our acks undecodable).
+        me.incarnation = min(max(me.incarnation, incarnation) + 1, MAX_INCARNATION)
         self.stats.refutations += 1
         # Lifeguard: being suspected hints that we are the slow one.
         self.awareness.apply(1)
@@ -406,8 +411,9 @@ class Swim:
         for member_id, suspicion in list(self._suspicions.items()):
             if now >= suspicion.deadline():
                 del self._suspicions[member_id]
-                member = self.members[member_id]
-                self._apply_dead(Dead(member_id, member.incarnation, self.id), now)
+                member = self.members.get(member_id)
+                if member is not None:
+                    self._apply_dead(Dead(member_id, member.incarnation, self.id), now)
         for seq, relay in list(self._relays.items()):
             if relay.nack_at is not None and now >= relay.nack_at:
                 relay.nack_at = None
@@ -581,5 +587,5 @@ class Swim:
         self._events.append(Event(kind, member.view(), now))
 
     def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) % (1 << 62)
+        self._seq = (self._seq + 1) % (MAX_SEQ + 1)
         return self._seq

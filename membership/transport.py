@@ -3,7 +3,17 @@ same port number (as memberlist does).
 
 The transport never raises into its caller for anything a peer sent: a
 packet that is too large, truncated, of an unknown version, fails the MAC or
-does not decode is dropped and counted under its reason.
+does not decode is dropped and counted under its reason in ``dropped``.
+Every packet (datagram or stream frame) that arrives, or begins to, counts
+once in ``counters["packets_in"]`` and then either once in
+``counters["packets_accepted"]`` or once under a reason in ``dropped``.
+
+Sending never raises either, and never closes the socket: a destination is
+parsed (``membership.address``) before any socket call, so asyncio's fatal
+error path (an ``OverflowError`` from ``sendto`` for a port of 70000 closes
+the datagram transport for good) cannot be reached from a peer's input; what
+the socket still refuses is counted in ``counters["send_errors"]``. Should the
+datagram socket close anyway, it is bound again on the same port.
 """
 
 from __future__ import annotations
@@ -11,23 +21,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import socket
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from membership.address import AddressError, parse_address
 from membership.codec import MAX_STREAM_BYTES, Codec, DecodeError
 from membership.messages import Packet
 
 FRAME = struct.Struct(">I")
 STREAM_TIMEOUT = 5.0
+# Binding the datagram socket again after it closed unexpectedly: first
+# pause, doubling up to the last.
+REOPEN_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 Receiver = Callable[[Packet], None]
 
+log = logging.getLogger("membership")
+
 
 def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    """HOST:PORT as (host, port); ``ValueError`` when it is not one."""
+    parsed = parse_address(address)
+    return parsed.host, parsed.port
 
 
 def is_ip(host: str) -> bool:
@@ -36,6 +55,16 @@ def is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _destination(address: str) -> tuple[str, int]:
+    """Where ``sendto``/``open_connection`` may go: an IPv4 address (the
+    sockets are AF_INET) and a port in range. Members advertise IP
+    addresses, so a host name here is a misconfiguration or a forgery."""
+    parsed = parse_address(address)
+    if parsed.ip is None or parsed.ip.version != 4:
+        raise AddressError(f"{address!r:.80} is not an IPv4 address")
+    return parsed.host, parsed.port
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -48,6 +77,9 @@ class _Datagrams(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         self.owner.counters["send_errors"] += 1
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner._datagrams_lost(self, exc)
+
 
 class Transport:
     def __init__(self, codec: Codec, receiver: Receiver) -> None:
@@ -56,21 +88,30 @@ class Transport:
         self.counters: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self._udp: asyncio.DatagramTransport | None = None
+        self._protocol: _Datagrams | None = None
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._host = ""
+        self._stopping = False
         self.port = 0
         # Peer addresses whose packets are not sent: a partition simulated in
         # process, for chaos tests where network namespaces are unavailable.
         # Empty in normal operation.
         self.blocked: frozenset[str] = frozenset()
 
+    @property
+    def udp_open(self) -> bool:
+        """True while the datagram socket is bound and usable."""
+        return self._udp is not None and not self._udp.is_closing()
+
     async def start(self, host: str, port: int) -> None:
         """Bind UDP and TCP on one port. With port 0 the OS picks the UDP
         port, and the same TCP port may be taken (an outgoing connection's
         ephemeral port): then pick again."""
         loop = asyncio.get_running_loop()
+        self._stopping = False
         for attempt in range(1 if port else 20):
-            udp, _ = await loop.create_datagram_endpoint(
+            udp, protocol = await loop.create_datagram_endpoint(
                 lambda: _Datagrams(self), local_addr=(host, port), family=socket.AF_INET
             )
             chosen = udp.get_extra_info("sockname")[1]
@@ -83,10 +124,11 @@ class Transport:
                 if port or attempt == 19:
                     raise
                 continue
-            self._udp, self.port = udp, chosen
+            self._udp, self._protocol, self._host, self.port = udp, protocol, host, chosen
             return
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._udp is not None:
             self._udp.close()
         if self._tcp is not None:
@@ -95,6 +137,46 @@ class Transport:
                 await asyncio.wait_for(self._tcp.wait_closed(), 2)
         for task in list(self._tasks):
             task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the datagram socket closing under us --------------------------------------
+
+    def _datagrams_lost(self, protocol: _Datagrams, exc: Exception | None) -> None:
+        if self._stopping or protocol is not self._protocol:
+            return
+        # Nothing a peer sends should get here (see the module docstring); if
+        # something does, a node deaf to probes is declared dead, so bind again.
+        self.counters["udp_reopens"] += 1
+        log.error("membership: the gossip UDP socket closed (%r); binding it again", exc)
+        self._udp = None
+        self._spawn(self._reopen())
+
+    async def _reopen(self) -> None:
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while not self._stopping:
+            try:
+                udp, protocol = await loop.create_datagram_endpoint(
+                    lambda: _Datagrams(self),
+                    local_addr=(self._host, self.port),
+                    family=socket.AF_INET,
+                )
+            except Exception as exc:  # the port taken meanwhile, out of descriptors...
+                delay = REOPEN_DELAYS[min(attempt, len(REOPEN_DELAYS) - 1)]
+                attempt += 1
+                log.error("membership: cannot bind UDP %s:%d again: %s", self._host, self.port, exc)
+                await asyncio.sleep(delay)
+                continue
+            if self._stopping:
+                udp.close()
+                return
+            self._udp, self._protocol = udp, protocol
+            log.warning("membership: gossip UDP socket bound again on port %d", self.port)
+            return
 
     # -- receiving -----------------------------------------------------------------
 
@@ -106,57 +188,93 @@ class Transport:
         except DecodeError as exc:
             self.dropped[exc.reason] += 1
             return
-        self.receiver(packet)
+        except Exception:  # decode raises only DecodeError; should that break, drop
+            self.dropped["malformed"] += 1
+            log.exception("membership: error decoding a packet")
+            return
+        self.counters["packets_accepted"] += 1
+        try:
+            self.receiver(packet)
+        except Exception:  # the receiver's fault, not the peer's: count, keep the socket
+            self.counters["receiver_errors"] += 1
+            log.exception("membership: error handling a packet")
+
+    def _frame_dropped(self, reason: str) -> None:
+        """A stream frame that began to arrive but cannot be read."""
+        self.counters["packets_in"] += 1
+        self.dropped[reason] += 1
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                header = await asyncio.wait_for(reader.readexactly(FRAME.size), STREAM_TIMEOUT)
+                try:
+                    header = await asyncio.wait_for(reader.readexactly(FRAME.size), STREAM_TIMEOUT)
+                except asyncio.IncompleteReadError as exc:
+                    if exc.partial:  # part of a header, then the end
+                        self._frame_dropped("truncated")
+                    return  # else a clean end between frames
                 (length,) = FRAME.unpack(header)
                 if length > MAX_STREAM_BYTES:
-                    self.dropped["too_large"] += 1
+                    self._frame_dropped("too_large")
                     return
-                data = await asyncio.wait_for(reader.readexactly(length), STREAM_TIMEOUT)
+                try:
+                    data = await asyncio.wait_for(reader.readexactly(length), STREAM_TIMEOUT)
+                except asyncio.IncompleteReadError:
+                    self._frame_dropped("truncated")  # a header, then less than it said
+                    return
                 self.received(data, stream=True)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                self.dropped["truncated"] += 1
         except (TimeoutError, OSError):
-            self.dropped["stream_error"] += 1
+            self._frame_dropped("stream_error")
+        except Exception:
+            self._frame_dropped("stream_error")
+            log.exception("membership: error reading a push-pull stream")
         finally:
             writer.close()
 
     # -- sending -------------------------------------------------------------------
 
     def send(self, address: str, packet: Packet, *, reliable: bool) -> None:
+        """Send ``packet`` to ``address``; never raises, never closes the socket."""
         if address in self.blocked:
             self.dropped["partitioned"] += 1
             return
-        data = self.codec.encode(packet)
+        try:
+            destination = _destination(address)
+        except AddressError as exc:
+            self.counters["send_errors"] += 1
+            log.debug("membership: not sending to %s", exc)
+            return
+        try:
+            data = self.codec.encode(packet)
+        except Exception:
+            self.counters["send_errors"] += 1
+            log.exception("membership: cannot encode a packet")
+            return
         if reliable:
-            task = asyncio.create_task(self._send_stream(address, data))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._send_stream(destination, data))
             return
         if len(data) > self.codec.max_bytes:
             self.counters["oversize_not_sent"] += 1
             return
-        host, port = split_address(address)
-        if self._udp is None or not is_ip(host):
-            # Members advertise IP addresses; a name here is a misconfiguration.
+        udp = self._udp
+        if udp is None or udp.is_closing():
             self.counters["send_errors"] += 1
+            return
+        try:
+            udp.sendto(data, destination)
+        except Exception as exc:  # asyncio handles OSError itself; anything else
+            self.counters["send_errors"] += 1
+            log.warning("membership: sendto %s failed: %r", address, exc)
             return
         self.counters["packets_out"] += 1
         self.counters["bytes_out"] += len(data)
-        self._udp.sendto(data, (host, port))
 
-    async def _send_stream(self, address: str, data: bytes) -> None:
-        host, port = split_address(address)
+    async def _send_stream(self, destination: tuple[str, int], data: bytes) -> None:
         try:
             _reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), STREAM_TIMEOUT
+                asyncio.open_connection(*destination), STREAM_TIMEOUT
             )
-        except (OSError, TimeoutError):
+        except Exception:  # refused, unreachable, timed out: the peer's problem
             self.counters["stream_connect_errors"] += 1
             return
         try:
@@ -164,7 +282,7 @@ class Transport:
             await asyncio.wait_for(writer.drain(), STREAM_TIMEOUT)
             self.counters["streams_out"] += 1
             self.counters["bytes_out"] += len(data)
-        except (OSError, TimeoutError):
+        except Exception:
             self.counters["send_errors"] += 1
         finally:
             writer.close()

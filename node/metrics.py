@@ -61,6 +61,8 @@ class GossipView(Protocol):
     @property
     def transport(self) -> Any: ...
 
+    handler_errors: int
+
 
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -338,11 +340,25 @@ class MembershipCollector(Collector):
             yield family
         dropped = CounterMetricFamily(
             "scheduler_gossip_dropped_packets",
-            "Gossip packets dropped by reason (too_large, truncated, version, mac, malformed, "
-            "stream_error; partitioned: chaos mode's filter)",
+            "Gossip packets dropped by reason (too_large, truncated, version, mac, address, "
+            "malformed, stream_error; partitioned: chaos mode's filter)",
             labels=["reason"],
         )
-        reasons = ("too_large", "truncated", "version", "mac", "malformed", "stream_error")
-        for reason in (*reasons, "partitioned"):
+        reasons = ("too_large", "truncated", "version", "mac", "address", "malformed")
+        for reason in (*reasons, "stream_error", "partitioned"):
             dropped.add_metric([reason], transport.dropped[reason])
         yield dropped
+        for name, help_text in (
+            ("send_errors", "Gossip sends that failed or were refused (a bad destination)"),
+            ("receiver_errors", "Gossip packets whose handling raised (logged; the loop goes on)"),
+            ("udp_reopens", "Times the gossip UDP socket closed and was bound again"),
+        ):
+            family = CounterMetricFamily(f"scheduler_gossip_{name}", help_text)
+            family.add_metric([], transport.counters[name])
+            yield family
+        errors = CounterMetricFamily(
+            "scheduler_gossip_handler_errors",
+            "Gossip rounds or packets whose handling raised (logged; the driver goes on)",
+        )
+        errors.add_metric([], membership.handler_errors)
+        yield errors

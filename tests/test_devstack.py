@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from node import config as node_config
 from node.ops import embedded
 from node.ops.devstack import DevOptions, DevStack
 from ring import bucket_for
@@ -239,6 +241,28 @@ def test_dev_shows_why_a_node_exited_and_stops_everything(tmp_path: Path) -> Non
     assert "node-1 exited with 2" in output
     assert "config error:" in output and "LEASE_TTL" in output, output
     assert "dev: ready" not in output
+
+
+def test_dev_signs_gossip_with_a_fresh_key_unless_one_is_given() -> None:
+    options = DevOptions(nodes=1)
+    runs = [DevStack(options, environ={"PATH": "/bin"}) for _ in range(2)]
+    keys = [run.node_environment()["CLUSTER_KEYS"] for run in runs]
+    assert keys[0] != keys[1]  # a new key per start of the stack
+    assert all(len(base64.b64decode(key, validate=True)) == 32 for key in keys)
+    # The nodes accept it, and still get the rest of the environment.
+    config = node_config.load({}, environ={"NODE_ID": "n1", "CLUSTER_KEYS": keys[0]})
+    assert config.cluster_keys == (base64.b64decode(keys[0]),)
+    assert runs[0].node_environment()["PATH"] == "/bin"
+    assert "signed with a key generated for this run" in runs[0].describe()
+    assert keys[0] not in runs[0].describe()  # the key itself is never shown
+
+    given = DevStack(options, environ={"CLUSTER_KEYS": keys[1]})
+    assert given.node_environment()["CLUSTER_KEYS"] == keys[1]
+    assert "from the environment" in given.describe()
+    # Set but empty: the user turned signing off on purpose.
+    off = DevStack(options, environ={"CLUSTER_KEYS": ""})
+    assert off.node_environment()["CLUSTER_KEYS"] == ""
+    assert "unsigned" in off.describe()
 
 
 def test_dev_refuses_a_port_asked_for_twice() -> None:

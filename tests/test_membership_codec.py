@@ -12,16 +12,23 @@ from typing import Any
 import msgpack
 import pytest
 
+import membership.codec
+from membership.address import AddressError, is_address, parse_address
 from membership.codec import (
     HEADER_BYTES,
     MAC_BYTES,
+    MAX_STR_BYTES,
     VERSION,
     Codec,
     DecodeError,
     envelope_size,
+    is_member_id,
+    is_meta,
     message_size,
 )
 from membership.messages import (
+    MAX_INCARNATION,
+    MAX_SEQ,
     Ack,
     Alive,
     Dead,
@@ -40,12 +47,12 @@ KEY = bytes(range(32))
 OLD_KEY = b"o" * 16
 NEW_KEY = b"n" * 24
 OTHER_KEY = b"x" * 32
-REASONS = {"too_large", "truncated", "version", "mac", "malformed"}
-BIG = 2**63 - 1
+REASONS = {"too_large", "truncated", "version", "mac", "malformed", "address"}
+BIG = MAX_INCARNATION
 
 MESSAGES: list[Message] = [
     Ping(0, "b", "a", "10.0.0.1:7946"),
-    Ping(BIG, "nœud-β", "a", "[::1]:7946"),
+    Ping(MAX_SEQ, "node-b.2_x", "a", "[::1]:7946"),
     PingReq(17, "c", "10.0.0.3:7946", "a", "10.0.0.1:7946", True),
     PingReq(18, "c", "10.0.0.3:7946", "a", "10.0.0.1:7946", False),
     Ack(17, "c"),
@@ -315,14 +322,299 @@ def test_each_well_formed_body_still_decodes() -> None:
     valid: list[list[Any]] = [
         PING_FIELDS,
         ALIVE_FIELDS,
-        with_field(ALIVE_FIELDS, 4, [["zone", "eu"]] * 32),
+        with_field(ALIVE_FIELDS, 4, [[f"k{i}", "eu"] for i in range(32)]),
         [2, 1, "c", "c:7946", "a", "a:7946", True],
         [8, "a", "a:7946", [RECORD, with_field(RECORD, 3, 3)], False, False],
-        with_field(PING_FIELDS, 1, 2**63 - 1),
-        with_field(PING_FIELDS, 2, "x" * 512),
+        with_field(PING_FIELDS, 1, MAX_SEQ),
+        with_field(PING_FIELDS, 2, "x" * 64),
     ]
     for fields in valid:
         assert len(Codec().decode(body("a", [fields])).messages) == 1
+
+
+# -- values from the wire: addresses, ids, metadata, numbers ----------------------------
+
+GOOD_ADDRESSES = {
+    "10.0.0.1:7946": ("10.0.0.1", 7946, 4),
+    "127.0.0.1:1": ("127.0.0.1", 1, 4),
+    "192.168.1.255:65535": ("192.168.1.255", 65535, 4),
+    "[::1]:7946": ("::1", 7946, 6),
+    "[2001:db8::7]:80": ("2001:db8::7", 80, 6),
+    "[::ffff:10.0.0.1]:7946": ("::ffff:10.0.0.1", 7946, 6),
+    "a:7946": ("a", 7946, None),
+    "scheduler-1:7946": ("scheduler-1", 7946, None),
+    "pod-0.scheduler.default.svc.cluster.local:7946": (
+        "pod-0.scheduler.default.svc.cluster.local",
+        7946,
+        None,
+    ),
+    "x" * 63 + ".example:1": ("x" * 63 + ".example", 1, None),
+    "a1.2b:7946": ("a1.2b", 7946, None),
+    ".".join(["a" * 63] * 3 + ["b" * 61]) + ":7946": (
+        ".".join(["a" * 63] * 3 + ["b" * 61]),
+        7946,
+        None,
+    ),
+}
+
+BAD_ADDRESSES = [
+    # ports out of range, or not plain ASCII digits
+    "10.0.0.1:70000",
+    "10.0.0.1:65536",
+    "10.0.0.1:0",
+    "10.0.0.1:-1",
+    "10.0.0.1:" + "9" * 40,
+    "10.0.0.1:07946",
+    "10.0.0.1:+80",
+    "10.0.0.1: 80",
+    "10.0.0.1:80 ",
+    "10.0.0.1:8_0",
+    "10.0.0.1:\u0663\u0663",
+    "10.0.0.1:80\n",
+    "10.0.0.1:0x50",
+    # no port, no host, no colon
+    "10.0.0.1",
+    "10.0.0.1:",
+    ":7946",
+    "",
+    ":",
+    # IPv6 must be bracketed and zone-free; brackets are for IPv6 only
+    "::1:7946",
+    "[::1]",
+    "[::1:7946",
+    "::1]:7946",
+    "[fe80::1%eth0]:7946",
+    "[127.0.0.1]:7946",
+    "[example]:7946",
+    "[]:7946",
+    # IPv4 that is not, or names no single member
+    "300.1.1.1:7946",
+    "1.2.3:7946",
+    "01.2.3.4:7946",
+    "1.2.3.4.5:7946",
+    "0.0.0.0:7946",
+    "224.0.0.1:7946",
+    "255.255.255.255:7946",
+    "[::]:7946",
+    "[ff02::1]:7946",
+    # host names outside RFC 1123
+    "-bad:7946",
+    "bad-:7946",
+    "a..b:7946",
+    ".a:7946",
+    "a.:7946",
+    "under_score:7946",
+    "host name:7946",
+    "host\x00:7946",
+    "n\u0153ud:7946",
+    "a" * 64 + ".example:7946",
+    "a." * 127 + "b:7946",
+    "x" * 300,
+]
+
+
+@pytest.mark.parametrize("text", sorted(GOOD_ADDRESSES))
+def test_valid_addresses_parse(text: str) -> None:
+    host, port, version = GOOD_ADDRESSES[text]
+    parsed = parse_address(text)
+    assert (parsed.host, parsed.port) == (host, port)
+    assert (parsed.ip.version if parsed.ip else None) == version
+
+
+@pytest.mark.parametrize("text", BAD_ADDRESSES, ids=repr)
+def test_invalid_addresses_do_not_parse(text: str) -> None:
+    with pytest.raises(AddressError):
+        parse_address(text)
+    assert not is_address(text)
+
+
+@pytest.mark.parametrize("value", [7946, None, b"10.0.0.1:7946", ["10.0.0.1", 7946]])
+def test_an_address_is_a_string(value: Any) -> None:
+    with pytest.raises(AddressError):
+        parse_address(value)
+
+
+def addressed_bodies(address: Any) -> list[list[Any]]:
+    """One message of every type that carries an address, with ``address`` in it."""
+    good = "10.0.0.1:7946"
+    return [
+        [1, 5, "b", "a", address],  # Ping: the source's address
+        [2, 5, "c", address, "a", good, True],  # PingReq: the target's ...
+        [2, 5, "c", good, "a", address, True],  # ... and the requester's
+        [5, "b", 1, address, []],  # Alive
+        [8, "a", address, [], False, False],  # PushPull: the sender's ...
+        [8, "a", good, [["b", address, 1, 0, []]], False, False],  # ... and each record's
+    ]
+
+
+@pytest.mark.parametrize("address", BAD_ADDRESSES, ids=repr)
+def test_a_bad_address_in_any_message_is_dropped_as_address(address: str) -> None:
+    for fields in addressed_bodies(address):
+        assert reason(Codec(), body("a", [fields])) == "address", fields
+        # As a piggyback behind a good message, and on the stream channel too.
+        assert reason(Codec(), body("a", [PING_FIELDS, fields]), stream=True) == "address"
+
+
+@pytest.mark.parametrize("address", [70000, -1, None, 1.5, ["10.0.0.1", 7946], True])
+def test_an_address_of_the_wrong_type_is_malformed(address: Any) -> None:
+    for fields in addressed_bodies(address):
+        assert reason(Codec(), body("a", [fields])) == "malformed", fields
+
+
+@pytest.mark.parametrize("address", sorted(GOOD_ADDRESSES))
+def test_every_valid_address_is_accepted_everywhere(address: str) -> None:
+    for fields in addressed_bodies(address):
+        assert len(Codec().decode(body("a", [fields]), stream=True).messages) == 1
+
+
+def test_a_ping_with_port_70000_is_dropped_signed_or_not() -> None:
+    """Issue 17: this packet used to close the receiver's UDP socket."""
+    forged = Packet("mallory", (Ping(1, "b", "mallory", "127.0.0.1:70000"),))
+    assert reason(Codec(), Codec().encode(forged)) == "address"
+    # A member that holds the key is no more trusted with a bad address.
+    assert reason(Codec([KEY]), Codec([KEY]).encode(forged)) == "address"
+
+
+BAD_IDS = ["", "x" * 65, "bad id", "a/b", "a:b", "\x00", "\n", "n\u0153ud", "\u0661"]
+GOOD_IDS = ["a", "x" * 64, "node-1", "scheduler-0.scheduler", "A_b.c-9", "-", "..."]
+
+
+def id_bodies(member: Any) -> list[list[Any]]:
+    """One message of every type, with ``member`` in each place an id goes."""
+    good = "10.0.0.1:7946"
+    return [
+        [1, 5, member, "a", good],  # Ping: the target ...
+        [1, 5, "b", member, good],  # ... and the source
+        [2, 5, member, good, "a", good, True],
+        [2, 5, "c", good, member, good, True],
+        [3, 5, member],
+        [4, 5, member],
+        [5, member, 1, good, []],
+        [6, member, 1, "a"],
+        [6, "c", 1, member],
+        [7, member, 1, "a"],
+        [7, "c", 1, member],
+        [8, member, good, [], False, False],
+        [8, "a", good, [[member, good, 1, 0, []]], False, False],
+    ]
+
+
+@pytest.mark.parametrize("member", BAD_IDS, ids=repr)
+def test_a_bad_member_id_anywhere_is_malformed(member: str) -> None:
+    assert not is_member_id(member)
+    assert reason(Codec(), body(member, [PING_FIELDS])) == "malformed"  # the sender
+    for fields in id_bodies(member):
+        assert reason(Codec(), body("a", [fields])) == "malformed", fields
+
+
+@pytest.mark.parametrize("member", GOOD_IDS)
+def test_member_ids_like_node_ids_are_accepted(member: str) -> None:
+    assert is_member_id(member)
+    assert Codec().decode(body(member, [PING_FIELDS])).sender == member
+    for fields in id_bodies(member):
+        assert len(Codec().decode(body("a", [fields])).messages) == 1
+
+
+@pytest.mark.parametrize("member", [7, None, ["a"], True])
+def test_a_member_id_of_the_wrong_type_is_malformed(member: Any) -> None:
+    for fields in id_bodies(member):
+        assert reason(Codec(), body("a", [fields])) == "malformed", fields
+
+
+BAD_META: list[Any] = [
+    [["k", "v"]] * 2,  # the same key twice
+    [[f"k{i}", "v"] for i in range(33)],  # too many pairs
+    [["", "v"]],
+    [["k" * 65, "v"]],
+    [["a key", "v"]],
+    [["k", "v" * 257]],
+    [["k", "tab\there"]],
+    [["k", "\x00"]],
+    [["k", "\x7f"]],
+    [["k", "caf\u00e9"]],
+    [["k", 1]],
+    [[1, "v"]],
+    [["k"]],
+    "k=v",
+]
+GOOD_META: list[Any] = [
+    [],
+    [["http", "10.0.0.1:8080"], ["placement", "2"]],
+    [[f"k{i}", "v"] for i in range(32)],
+    [["k", " !~" + "v" * 253]],  # printable ASCII, 256 characters
+    [["k" * 64, ""]],
+]
+
+
+@pytest.mark.parametrize("meta", BAD_META, ids=lambda m: repr(m)[:40])
+def test_bad_metadata_is_malformed_in_alive_and_in_records(meta: Any) -> None:
+    assert not is_meta(meta)
+    assert reason(Codec(), body("a", [[5, "b", 1, "10.0.0.2:7946", meta]])) == "malformed"
+    record = ["b", "10.0.0.2:7946", 1, 0, meta]
+    assert (
+        reason(Codec(), body("a", [[8, "a", "10.0.0.1:7946", [record], False, False]]), stream=True)
+        == "malformed"
+    )
+
+
+@pytest.mark.parametrize("meta", GOOD_META, ids=lambda m: repr(m)[:40])
+def test_metadata_within_bounds_is_accepted(meta: Any) -> None:
+    assert is_meta(meta)
+    decoded = Codec().decode(body("a", [[5, "b", 1, "10.0.0.2:7946", meta]]))
+    assert decoded.messages[0] == Alive("b", 1, "10.0.0.2:7946", tuple((k, v) for k, v in meta))
+
+
+@pytest.mark.parametrize(
+    ("fields", "index"),
+    [
+        ([1, 0, "b", "a", "10.0.0.1:7946"], 1),  # Ping seq
+        ([2, 0, "c", "10.0.0.3:7946", "a", "10.0.0.1:7946", True], 1),  # PingReq seq
+        ([3, 0, "c"], 1),  # Ack seq
+        ([4, 0, "c"], 1),  # Nack seq
+    ],
+)
+def test_sequence_numbers_stay_in_their_range(fields: list[Any], index: int) -> None:
+    for good in (0, 1, MAX_SEQ):
+        assert Codec().decode(body("a", [with_field(fields, index, good)])).messages
+    for bad in (-1, MAX_SEQ + 1, 2**63, 2**64 - 1, -(2**63)):
+        assert reason(Codec(), body("a", [with_field(fields, index, bad)])) == "malformed"
+
+
+@pytest.mark.parametrize(
+    ("fields", "index"),
+    [
+        ([5, "b", 0, "10.0.0.2:7946", []], 2),  # Alive
+        ([6, "c", 0, "a"], 2),  # Suspect
+        ([7, "c", 0, "a"], 2),  # Dead
+    ],
+)
+def test_incarnations_stay_in_their_range(fields: list[Any], index: int) -> None:
+    for good in (0, 1, MAX_INCARNATION):
+        assert Codec().decode(body("a", [with_field(fields, index, good)])).messages
+    for bad in (-1, MAX_INCARNATION + 1, 2**64 - 1, -(2**63)):
+        assert reason(Codec(), body("a", [with_field(fields, index, bad)])) == "malformed"
+    record = ["b", "10.0.0.2:7946", MAX_INCARNATION + 1, 0, []]
+    push_pull = [8, "a", "10.0.0.1:7946", [record], False, False]
+    assert reason(Codec(), body("a", [push_pull]), stream=True) == "malformed"
+
+
+def test_long_strings_are_refused_before_they_are_allocated() -> None:
+    # No valid field is near MAX_STR_BYTES; msgpack refuses longer strings.
+    record = ["b", "10.0.0.2:7946", 1, 0, [["k", "v" * (MAX_STR_BYTES + 1)]]]
+    data = body("a", [[8, "a", "10.0.0.1:7946", [record], False, False]])
+    assert reason(Codec(), data, stream=True) == "malformed"
+
+
+def test_decode_raises_nothing_but_decode_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a field check ever raise something else, it is still a drop."""
+
+    def broken(value: Any) -> str:
+        raise KeyError(value)
+
+    monkeypatch.setattr(membership.codec, "_address", broken)
+    assert reason(Codec(), Codec().encode(Packet("a", (Ping(1, "b", "a", "10.0.0.1:1"),)))) == (
+        "malformed"
+    )
 
 
 # -- fuzz ----------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import pytest
 from membership.codec import Codec
 from membership.config import LAN, SwimConfig
 from membership.messages import (
+    MAX_INCARNATION,
+    MAX_SEQ,
     Ack,
     Alive,
     Dead,
@@ -561,6 +563,40 @@ def test_accusations_about_ourselves_are_refuted(
     net.run(1.0)
     assert net.packets("a")
     assert Alive("a", expected, "a:7946") in net.packets("a")[0].messages
+
+
+@pytest.mark.parametrize(
+    "accusation",
+    [
+        Suspect("a", MAX_INCARNATION, "b"),
+        Dead("a", MAX_INCARNATION, "b"),
+        Alive("a", MAX_INCARNATION, "x:1"),
+        Suspect("a", MAX_INCARNATION - 1, "b"),
+    ],
+)
+def test_refutation_saturates_at_the_top_of_the_incarnation_range(accusation: Message) -> None:
+    """A forged accusation at the top of the range must not push our
+    incarnation past what peers decode: every packet carrying our Alive (our
+    acks among them) would be dropped, and we would be deaf."""
+    net = solo("b")
+    a = net.nodes["a"]
+    net.tell("a", accusation, sender="b")
+    assert a.incarnation == MAX_INCARNATION
+    assert a.stats.refutations == 1
+    net.tell("a", Ping(5, "a", "b", "b:7946"), sender="b")
+    net.run(1.0)
+    codec = Codec([KEY])
+    sent = [s.out.packet for s in net.sent if s.sender == "a"]
+    assert any(Alive("a", MAX_INCARNATION, "a:7946") in p.messages for p in sent)
+    for packet in sent:
+        assert codec.decode(codec.encode(packet), stream=True) == packet
+
+
+def test_sequence_numbers_wrap_inside_the_wire_range() -> None:
+    net = solo("b")
+    a = net.nodes["a"]
+    a._seq = MAX_SEQ - 1
+    assert [a._next_seq() for _ in range(3)] == [MAX_SEQ, 0, 1]
 
 
 @pytest.mark.parametrize(

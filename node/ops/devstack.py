@@ -5,12 +5,20 @@ restart of the stack), the Tansu broker (in memory) and N node processes,
 waits until every node answers /readyz, prints one line per service, and
 stops every child on Ctrl-C or SIGTERM: nodes first (graceful leave), then
 the broker, then the database.
+
+Gossip is signed: unless ``CLUSTER_KEYS`` is set in the environment (empty
+turns signing off), every start generates a random 32-byte key and hands it
+to every node, so nothing else on the machine can speak to the cluster's
+gossip ports (issue 17: one forged packet could deafen a node).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,6 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -28,6 +37,19 @@ from node.ops import embedded
 READY_TIMEOUT = 90.0
 # Shown with a child's early exit, so the cause is on the screen, not only in its log.
 LOG_TAIL_LINES = 8
+CLUSTER_KEY_BYTES = 32
+
+
+def cluster_keys(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(CLUSTER_KEYS for the nodes, how gossip is signed): the user's when
+    set, even empty; else a random key for this run of the stack only."""
+    if "CLUSTER_KEYS" in environ:
+        keys = environ["CLUSTER_KEYS"]
+        if not keys.strip():
+            return keys, "unsigned (CLUSTER_KEYS is set, and empty)"
+        return keys, "signed with CLUSTER_KEYS from the environment"
+    key = base64.b64encode(secrets.token_bytes(CLUSTER_KEY_BYTES)).decode("ascii")
+    return key, "signed with a key generated for this run"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,12 +73,24 @@ class Child:
 
 
 class DevStack:
-    def __init__(self, options: DevOptions, out: IO[str] = sys.stdout) -> None:
+    def __init__(
+        self,
+        options: DevOptions,
+        out: IO[str] = sys.stdout,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.options = options
         self.out = out
         self.children: list[Child] = []
         self.stop_requested = threading.Event()
         self._log_files: list[IO[bytes]] = []
+        self.environ = dict(os.environ if environ is None else environ)
+        # Never printed or logged: describe() says only where it came from.
+        self._cluster_keys, self.signing = cluster_keys(self.environ)
+
+    def node_environment(self) -> dict[str, str]:
+        """What each node runs with: ours, plus the cluster key(s)."""
+        return {**self.environ, "CLUSTER_KEYS": self._cluster_keys}
 
     def taken_ports(self) -> list[str]:
         o = self.options
@@ -101,9 +135,11 @@ class DevStack:
             return "".join(f"\n    {line}" for line in lines)
         return ""
 
-    def _spawn(self, name: str, address: str, argv: list[str]) -> Child:
+    def _spawn(
+        self, name: str, address: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> Child:
         handle, path = self._log(name)
-        child = Child(name, address, embedded.spawn(argv, log=handle), path)
+        child = Child(name, address, embedded.spawn(argv, log=handle, env=env), path)
         self.children.append(child)
         return child
 
@@ -135,7 +171,11 @@ class DevStack:
                 "--log-format", "console",
                 "--auth", "off",  # a laptop's stack: no keys (README "Tenants")
             ]  # fmt: skip
-            nodes.append(self._spawn(name, f"http://{o.host}:{o.http_port + i}", argv))
+            nodes.append(
+                self._spawn(
+                    name, f"http://{o.host}:{o.http_port + i}", argv, env=self.node_environment()
+                )
+            )
         for child in nodes:
             self._wait_ready(child)
 
@@ -173,6 +213,7 @@ class DevStack:
                 index = int(child.name.split("-")[1]) - 1
                 extra = f"  gossip {o.host}:{o.gossip_port + index}"
             lines.append(f"{child.name:<8} {child.address}{extra}  pid {child.process.pid}")
+        lines.append(f"gossip   {self.signing}")
         lines.append(f"logs     {o.data_dir / 'logs'}")
         return "\n".join(lines)
 
