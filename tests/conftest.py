@@ -6,6 +6,7 @@ with a deadline instead of sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -15,7 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import PyMongoError
 
 from node import config as node_config
 from node.ops import embedded
@@ -40,9 +42,20 @@ class EmbeddedServers:
         return embedded.mongo_uri(self.mongo_host, self.mongo_port)
 
 
+# SecantusDB's TTL sweeper walks every document of every collection that has
+# a TTL index, in every database, under its global lock (mongod walks the
+# index instead). Tests leave hundreds of databases behind, so late in a run
+# each sweep stalled the server for tens of seconds and tests timed out on a
+# store that was merely busy. The tests that check expiry run the sweep
+# themselves (secantusAdmin.pruneTtl).
+_NO_TTL_SWEEP = "[storage]\nttl_sweep_seconds = 0\n"
+
+
 def start_mongo(data_dir: Path, port: int | None = None) -> tuple[Any, int]:
     port = port or embedded.free_port(HOST)
-    process = embedded.spawn(embedded.mongo_argv(HOST, port, data_dir))
+    config = data_dir.with_name(data_dir.name + ".toml")
+    config.write_text(_NO_TTL_SWEEP)
+    process = embedded.spawn(embedded.mongo_argv(HOST, port, data_dir, config))
     embedded.wait_for_port(HOST, port, 60, process)
     return process, port
 
@@ -71,8 +84,18 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture
-def database_name() -> str:
-    return unique("t")
+def database_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    name = unique("t")
+    yield name
+    # Drop what the test wrote, so the shared server stays small: its scans
+    # (the explicit TTL sweeps among them) walk every database it holds.
+    if "servers" in request.fixturenames:
+        servers: EmbeddedServers = request.getfixturevalue("servers")
+        client: MongoClient[dict[str, Any]] = MongoClient(
+            servers.mongo_uri, serverSelectionTimeoutMS=2000, timeoutMS=10000
+        )
+        with client, contextlib.suppress(PyMongoError):
+            client.drop_database(name)
 
 
 def make_config(

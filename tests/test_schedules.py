@@ -110,7 +110,7 @@ def test_fingerprint_ignores_id_but_not_content() -> None:
         (body(executeAt="9999-12-31T23:59:59-01:00"), "executeAt", 400),
         (
             body(executeAt=..., recurrence={"every": "PT1H", "start": "9999-12-31T23:59:59-01:00"}),
-            "recurrence",
+            "recurrence.start",
             400,
         ),
         (body(key="k\x00"), "key", 400),

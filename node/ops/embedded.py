@@ -76,12 +76,15 @@ def wait_for_port(
     raise EmbeddedError(f"{host}:{port} did not open within {timeout:g} s")
 
 
-def mongo_argv(host: str, port: int, data_dir: Path) -> list[str]:
+def mongo_argv(host: str, port: int, data_dir: Path, config: Path | None = None) -> list[str]:
+    """SecantusDB on ``port``; ``config``: a secantusd.toml to read instead
+    of looking for one in the usual places."""
     return [
         sys.executable, "-m", "secantus",
         "--host", host, "--port", str(port),
         "--storage-path", str(data_dir),
         "--log-level", "WARNING",
+        *(("--config", str(config)) if config else ()),
     ]  # fmt: skip
 
 
