@@ -112,6 +112,20 @@ class Membership:
     def members(self) -> list[MemberView]:
         return self.swim.view() if self.swim is not None else []
 
+    def update_meta(self, meta: dict[str, str]) -> None:
+        """Advertise new metadata: peers learn it as they learn a refutation
+        (within a few protocol periods); our listeners hear UPDATED at once."""
+        items = tuple(sorted(meta.items()))
+        if not is_meta(items):
+            raise ValueError(
+                "membership metadata: at most 32 keys shaped like member ids, "
+                "values of at most 256 printable ASCII characters"
+            )
+        self.meta = items
+        if self.swim is not None:
+            self.swim.update_meta(items, self.clock())
+            self._flush()
+
     @property
     def joined(self) -> bool:
         """True once we know another live member, or have no seeds to join

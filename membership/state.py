@@ -209,6 +209,18 @@ class Swim:
             if address != self.me.address:
                 self._send_push_pull(address, join=True, reply=False)
 
+    def update_meta(self, meta: Meta, now: float) -> None:
+        """Change our metadata (memberlist UpdateNode): a new incarnation, so
+        every peer takes the new Alive over what it knew, gossiped like a
+        refutation; an UPDATED event for ourselves too."""
+        me = self.me
+        if self.leaving or meta == me.meta:
+            return
+        me.meta = meta
+        me.incarnation = min(me.incarnation + 1, MAX_INCARNATION)
+        self._queue.push(Alive(self.id, me.incarnation, me.address, me.meta))
+        self._emit(EventKind.UPDATED, me, now)
+
     def leave(self, now: float) -> None:
         """Broadcast our own Dead (a graceful leave); the caller keeps running
         until ``pending_broadcasts()`` is 0 or its grace period ends."""

@@ -201,8 +201,9 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--cluster-keys",
         default="",
         parse=_parse_keys,
-        help="comma-separated base64 keys (16, 24 or 32 bytes) that sign gossip with "
-        "HMAC-SHA256; the first signs, any verifies (rotation). Off when empty",
+        help="comma-separated base64 keys (16, 24 or 32 bytes) that sign gossip and wake hints "
+        "with HMAC-SHA256; the first signs, any verifies (rotation). Off when empty (then the "
+        "wake route is open: set it in production)",
     ),
     Setting(
         attr="auth",
@@ -242,6 +243,20 @@ SETTINGS: tuple[Setting, ...] = (
         # forever. Lease writes get the lease's term instead, when shorter.
         help="longest a store call may take (client-side operation timeout); an API call "
         "past it answers 503 with Retry-After",
+    ),
+    Setting(
+        attr="unhealthy_after",
+        env="UNHEALTHY_AFTER",
+        flag="--unhealthy-after",
+        default="300",
+        parse=_parse_seconds(0, 86400),
+        # Long before this the node has left the placement (after LEASE_TTL
+        # without the store) and its buckets have moved: this is for the pod
+        # itself, which a restart may put on a host or address that reaches
+        # the store. Not shorter: a store failover or a short outage must not
+        # restart every pod at once.
+        help="seconds without reaching the store after which /healthz fails (liveness: the "
+        "orchestrator restarts the pod); 0 never",
     ),
     Setting(
         attr="kafka_bootstrap",
@@ -477,6 +492,7 @@ class NodeConfig:
     mongo_uri: str
     mongo_database: str
     store_timeout: float = 5.0
+    unhealthy_after: float = 300.0
     kafka_bootstrap: tuple[str, ...]
     kafka_idempotence: str = "auto"
     buckets: int

@@ -166,6 +166,19 @@ class NodeMetrics:
             registry=r,
         )
         self.broker_available.set(1)
+        self.store_reachable = Gauge(
+            "scheduler_store_reachable",
+            "0 while this node's probe of the store (a clock reading every few seconds) fails",
+            registry=r,
+        )
+        self.store_reachable.set(1)
+        self.placeable = Gauge(
+            "scheduler_placeable",
+            "1 while this node advertises it can work; 0 after a lease's term without the "
+            "store (its buckets move to the others), until it has reached the store as long",
+            registry=r,
+        )
+        self.placeable.set(1)
         self.producer_idempotent = Gauge(
             "scheduler_producer_idempotent",
             "1 when the Kafka producer is idempotent (a producer retry cannot publish a "

@@ -31,7 +31,7 @@ from membership.service import Membership
 from node import logs
 from node.api.app import build_app
 from node.config import NodeConfig
-from node.delivery.clock import StoreClock
+from node.delivery.clock import READ_EVERY, StoreClock
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
@@ -40,6 +40,7 @@ from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
 from node.delivery.publisher import KafkaPublisher
 from node.delivery.stalls import StallMeter
+from node.delivery.store_health import StoreHealth, advertised, workers
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
@@ -146,6 +147,15 @@ class Node:
         # The store's clock decides what is due, whatever this host's says.
         self.clock = StoreClock(self.store.server_time)
         self.metrics.watch_clock(self.clock)
+        # Reading it is also the probe of whether this node reaches the store:
+        # without it for a lease's term, the node's leases have lapsed and it
+        # steps out of the placement (DESIGN.md: who can work holds the buckets).
+        self.store_health = StoreHealth(
+            cut_after=config.lease_ttl,
+            back_after=config.lease_ttl,
+            dead_after=config.unhealthy_after or float("inf"),
+        )
+        self._probe_every = min(READ_EVERY, config.lease_ttl / 3)
         self.publisher = KafkaPublisher(
             config.kafka_bootstrap,
             client_id=config.node_id,
@@ -226,7 +236,7 @@ class Node:
             return False
         if not await self._retry_until_ready("store's clock", self.clock.read, stopping):
             return False
-        self._clock_task = asyncio.create_task(self.clock.run(), name="clock")
+        self._clock_task = asyncio.create_task(self._watch_store(), name="store-watch")
         if not await self._retry_until_ready("broker", self.publisher.start, stopping):
             return False
         self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
@@ -263,15 +273,57 @@ class Node:
             keys=config.cluster_keys,
             # Other nodes reach our API here (wake-up hints, the cluster page),
             # and learn which bucket placement we run, so all use the oldest one.
-            meta={
-                "http": f"{config.advertise_host}:{self.http_port}",
-                "placement": str(PLACEMENT_VERSION),
-            },
+            meta=self._meta(),
         )
         self.membership.subscribe(self._on_membership_event)
         self.metrics.watch_membership(self.membership)
         await self.membership.start()
         log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
+
+    def _meta(self) -> dict[str, str]:
+        # Other nodes reach our API here (wake-up hints, the cluster page),
+        # learn which bucket placement we run, so all use the oldest one,
+        # and whether we can work (reach the store).
+        return {
+            "http": f"{self.config.advertise_host}:{self.http_port}",
+            "placement": str(PLACEMENT_VERSION),
+            **advertised(self.store_health.placeable),
+        }
+
+    async def _watch_store(self) -> None:
+        """Read the store's clock every few seconds; whether that succeeds
+        tells ``store_health`` whether this node reaches the store, and a
+        change of heart is gossiped (the others place without us, or again
+        with us) and applied to our own view at once."""
+        while True:
+            try:
+                await asyncio.wait_for(self.clock.read(), timeout=self._probe_every)
+                changed = self.store_health.succeeded()
+            except (SchedulerError, TimeoutError):
+                changed = self.store_health.failed()
+            self.metrics.store_reachable.set(
+                0 if self.store_health.unreachable_for > self._probe_every else 1
+            )
+            if changed:
+                placeable = self.store_health.placeable
+                self.metrics.placeable.set(1 if placeable else 0)
+                if placeable:
+                    log.warning("the store answers again: back in the placement")
+                else:
+                    log.error(
+                        "the store has not answered for a lease's term: out of the placement, "
+                        "the others take our buckets",
+                        seconds=round(self.store_health.unreachable_for, 1),
+                    )
+                if self.membership is not None:
+                    self.membership.update_meta(self._meta())
+                self.ownership.view_changed()
+            await asyncio.sleep(self._probe_every)
+
+    def healthy(self) -> bool:
+        """Liveness: false once the store has been out of reach for
+        UNHEALTHY_AFTER (the orchestrator restarts the pod)."""
+        return self.store_health.healthy
 
     def block_gossip(self, addresses: list[str]) -> list[str]:
         """Chaos mode: send no gossip to these peers; returns the set in force."""
@@ -291,14 +343,12 @@ class Node:
         return self.membership.members() if self.membership is not None else []
 
     def _alive_members(self) -> dict[str, int]:
-        """Alive member -> the placement version it advertises."""
+        """The alive members that can work (store_health.workers) -> the
+        placement version each advertises."""
         if self.membership is None:
             return {self.config.node_id: PLACEMENT_VERSION}
-        return {
-            m.id: parse_version(dict(m.meta).get("placement"))
-            for m in self.membership.members()
-            if m.state == State.ALIVE
-        }
+        alive = {m.id: dict(m.meta) for m in self.membership.members() if m.state == State.ALIVE}
+        return {member: parse_version(alive[member].get("placement")) for member in workers(alive)}
 
     def _http_address_of(self, member_id: str) -> str | None:
         """Where a member's HTTP API listens, as it advertises in gossip."""

@@ -356,6 +356,22 @@ def test_alive_with_a_new_address_or_metadata_is_an_update() -> None:
     )
 
 
+def test_our_new_metadata_reaches_every_peer_and_outbids_what_they_knew() -> None:
+    net = Net("a", "b", "c")
+    net.run(5.0)
+    before = net.nodes["a"].incarnation
+    net.nodes["a"].update_meta((("store", "cut"),), net.now)
+    net.flush()
+    assert net.kinds("a")[-1] == (EventKind.UPDATED, "a")  # our own listeners hear it at once
+    net.run(net.now + 10.0)  # gossip carries it, piggybacked on probes
+    for peer in ("b", "c"):
+        [a] = [m for m in net.nodes[peer].view() if m.id == "a"]
+        assert (a.meta, a.incarnation, a.state) == ((("store", "cut"),), before + 1, State.ALIVE)
+        assert (EventKind.UPDATED, "a") in net.kinds(peer)
+    net.nodes["a"].update_meta((("store", "cut"),), net.now)  # the same again: nothing new
+    assert net.nodes["a"].incarnation == before + 1
+
+
 def test_suspect_precedence() -> None:
     net = solo()
     a = net.nodes["a"]

@@ -175,7 +175,14 @@ async def openapi(request: web.Request) -> web.Response:
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok", "node": request.app[CONTEXT].config.node_id})
+    """Liveness. A node cut off from the store left the placement long ago
+    (after a lease's term); past UNHEALTHY_AFTER the pod is better restarted,
+    perhaps on a host that reaches the store: 503."""
+    context = request.app[CONTEXT]
+    if not context.healthy():
+        body = {"status": "store_unreachable", "node": context.config.node_id}
+        return json_response(body, status=503)
+    return json_response({"status": "ok", "node": context.config.node_id})
 
 
 @routes.get("/readyz")

@@ -88,6 +88,9 @@ class ApiContext(Protocol):
     async def readiness(self) -> dict[str, bool]:
         """Each readiness check by name; ready when all are true."""
 
+    def healthy(self) -> bool:
+        """Liveness: false once the store has been out of reach for UNHEALTHY_AFTER."""
+
     def producer(self) -> dict[str, Any]:
         """How the Kafka producer runs: idempotent or not, and why not."""
 

@@ -571,7 +571,12 @@ PATHS: dict[str, Any] = {
     "/healthz": {
         "get": {
             "summary": "Liveness",
-            "responses": {"200": _json({"type": "object"}, "The process answers")},
+            "responses": {
+                "200": _json({"type": "object"}, "The process answers"),
+                "503": _json(
+                    {"type": "object"}, "The store has been out of reach for UNHEALTHY_AFTER"
+                ),
+            },
         }
     },
     "/readyz": {

@@ -10,13 +10,12 @@ the half round trip, plus the monotonic time elapsed since: this host's
 wall clock, however wrong or however it jumps, never decides what is due.
 The error is at most half that round trip.
 
-Pure bookkeeping with injected clocks; ``run`` is the only part that sleeps.
+Pure bookkeeping with injected clocks; the node reads it (node/process.py,
+``_watch_store``) every READ_EVERY seconds, or a third of a lease term if shorter.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -25,12 +24,11 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from node.errors import SchedulerError
 from node.schedule.times import aware, utcnow
 
 log = structlog.get_logger("node.clock")
 
-# How often the store's clock is read, and how many readings are weighed.
+# How often the store's clock is read (at least), and how many readings are weighed.
 READ_EVERY = 5.0
 READINGS = 6
 # An offset from this host's clock worth a warning (seconds).
@@ -91,12 +89,6 @@ class StoreClock:
                 "this host's clock is off the store's: the store's decides what is due",
                 offset_s=round(self.offset, 3),
             )
-
-    async def run(self) -> None:
-        while True:
-            with contextlib.suppress(SchedulerError):  # the store is away: read later
-                await self.read()
-            await asyncio.sleep(READ_EVERY)
 
     def _best(self) -> Reading | None:
         # The fastest round trip bounds the error best; a reading ages only

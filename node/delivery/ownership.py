@@ -160,7 +160,9 @@ class Ownership:
         return RETRY_INTERVAL if missing else max(0.0, self._next_renew - self.monotonic())
 
     def _replace(self) -> None:
-        members = {**self.alive_members(), self.node_id: PLACEMENT_VERSION}
+        # Ourselves among them unless we cannot work (the process decides:
+        # store_health.workers); alone, until our view has anyone.
+        members = dict(self.alive_members()) or {self.node_id: PLACEMENT_VERSION}
         view = tuple(sorted(members.items()))
         if view == self._view:
             return

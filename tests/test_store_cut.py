@@ -1,0 +1,136 @@
+"""Who can work holds the buckets (issue 17, finding 4): a node cut off from
+the store but not from its peers steps out of the placement, the others take
+its buckets and deliver what falls due in them, and it steps back in once it
+reaches the store again. Before, placement followed gossip alone: the others
+kept placing those buckets on the cut node, its leases lapsed, and nothing
+in them was delivered until the cut healed.
+
+Node a reaches the store through a relay the test cuts (a black hole, as a
+partition is); node b reaches it directly; both gossip freely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from node.ops import embedded
+from ring import bucket_for
+from tests.conftest import (
+    HOST,
+    EmbeddedServers,
+    NodeFactory,
+    NodeHandle,
+    TopicReader,
+    unique,
+    wait_until,
+)
+from tests.tcp_cut import CuttableRelay
+from tests.test_hung_store import metric
+from tests.test_recurring import stamp
+
+BUCKETS = 16
+
+
+@pytest.fixture
+async def relay(servers: EmbeddedServers) -> AsyncIterator[CuttableRelay]:
+    # Requested before start_node, so it outlives the nodes (teardown runs in reverse).
+    relay = CuttableRelay((servers.mongo_host, servers.mongo_port))
+    await relay.start(HOST)
+    try:
+        yield relay
+    finally:
+        await relay.stop()
+
+
+def settings(node_id: str, **more: str) -> dict[str, str]:
+    # A short lease (3 s) keeps the test short; the hysteresis is one term each way.
+    return {
+        "node_id": node_id,
+        "membership_preset": "fast",
+        "buckets": str(BUCKETS),
+        "lease_ttl": "3",
+        "store_timeout": "1",
+        **more,
+    }
+
+
+def ids_in(buckets: set[int], count: int) -> list[str]:
+    """``count`` fresh schedule ids whose buckets are among ``buckets``."""
+    found: list[str] = []
+    while len(found) < count:
+        candidate = unique("cut")
+        if bucket_for(candidate, BUCKETS) in buckets:
+            found.append(candidate)
+    return found
+
+
+def advertises_cut(observer: NodeHandle, member: str) -> bool:
+    return any(
+        m.id == member and dict(m.meta).get("store") == "cut" for m in observer.node.members()
+    )
+
+
+async def test_a_node_cut_from_the_store_hands_its_buckets_to_those_that_can_work(
+    relay: CuttableRelay, start_node: NodeFactory, servers: EmbeddedServers
+) -> None:
+    # Node a's driver gives up on a silent socket only after the test: its
+    # own deadlines (STORE_TIMEOUT, the probe's) must be what notices.
+    via_relay = embedded.mongo_uri(HOST, relay.port) + "&connectTimeoutMS=120000"
+    a = await start_node(**settings("a", mongo_uri=via_relay, unhealthy_after="8"))
+    seed = a.node.membership.address  # type: ignore[union-attr]
+    b = await start_node(**settings("b", seeds=seed))
+
+    async def split() -> bool:
+        return bool(a.node.leases.usable()) and bool(b.node.leases.usable())
+
+    await wait_until(split, within=60, what="a and b to split the buckets")
+    held_by_a = set(a.node.ownership.wanted)
+
+    relay.cut()
+
+    async def a_steps_out() -> bool:
+        return advertises_cut(b, "a") and set(b.node.leases.usable()) == set(range(BUCKETS))
+
+    await wait_until(a_steps_out, within=60, what="b to hold every bucket, a's too")
+    assert await metric(a, "scheduler_placeable") == 0
+    assert a.node.ownership.wanted == frozenset()  # a's own view places nothing on a
+
+    # Due now, in the buckets a held: b delivers them while a is still cut.
+    topic = unique("cut-topic")
+    ids = ids_in(held_by_a, 8)
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        now = stamp(datetime.now(UTC))
+        for schedule_id in ids:
+            body = {"id": schedule_id, "topic": topic, "executeAt": now, "payload": 1}
+            status, _ = await b.request("POST", "/v1/schedules", json=body)
+            assert status == 201
+        await reader.wait_for(len(ids), within=60)
+    assert set(reader.by_id()) == set(ids)
+    for schedule_id in ids:
+        _, view = await b.request("GET", f"/v1/schedules/{schedule_id}")
+        assert view["status"] == "DELIVERED"
+
+    # Liveness fails past UNHEALTHY_AFTER (8 s here) without the store.
+    async def a_unhealthy() -> bool:
+        status, body = await a.request("GET", "/healthz")
+        return status == 503 and body["status"] == "store_unreachable"
+
+    await wait_until(a_unhealthy, within=60, what="a's /healthz to fail")
+
+    relay.heal()
+
+    async def a_back() -> bool:
+        status, _ = await a.request("GET", "/healthz")
+        return (
+            status == 200
+            and not advertises_cut(b, "a")
+            and bool(a.node.leases.usable())
+            and set(a.node.leases.usable()) | set(b.node.leases.usable()) == set(range(BUCKETS))
+            and not set(a.node.leases.usable()) & set(b.node.leases.usable())
+        )
+
+    await wait_until(a_back, within=90, what="a back in the placement, holding buckets again")
+    assert await metric(a, "scheduler_placeable") == 1
