@@ -2,7 +2,12 @@
 told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
 
 * lost: accepted, not cancelled, never delivered;
-* early: delivered before its executeAt;
+* early: delivered before its executeAt, by the record's timestamp (which
+  the node stamps with its estimate of the store's clock, not its own wall
+  clock, so a node whose clock is off is judged like any other) or, where
+  recorded, by when the runner received it (``Delivery.received``, the
+  runner's own clock, the one executeAt was written with): a record read
+  before it was due was sent early, whatever any node's clock says;
 * cancelled but delivered: a DELETE that answered 200 and a record anyway;
 * duplicates: delivered more than once. Each duplicated unit gets one kind,
   with the copies and the fault that explain it as evidence:
@@ -18,6 +23,15 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
     they are journaled (losing one only means delivering again), so after
     the crash the owner claims the same schedule again with the same token
     and attempt number;
+  - ``deferred_publish``: one (token, attempt), sent again later (another
+    record timestamp), every earlier send inside a broker fault (paused,
+    crashed or cut off). The broker stored the record but its answer was
+    lost to the fault; the node took that for the broker's trouble, which
+    spends no attempt (the claim is undone, the schedule back to PENDING),
+    and published it again under the same attempt once the broker answered
+    (never within DEFERRED_MIN_GAP: the first send had to fail first, and a
+    record the broker stored and never answered fails by a timeout or the
+    broker's restart);
   - ``producer_retry``: one (token, attempt), copies with the same value
     digest and the same record timestamp, that timestamp inside a broker
     fault (paused, crashed or cut off). The producer resent a request whose
@@ -54,6 +68,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from chaos.stats import percentile
@@ -63,8 +78,10 @@ from ring import bucket_for
 # name; ids cannot contain it.
 OCCURRENCE = "@"
 
-# Record timestamps are milliseconds, taken on the publishing node's clock
-# (the same host here): anything sooner than this before executeAt is early.
+# Record timestamps are milliseconds of the store's clock as the publishing
+# node reads it (the same host's clock here, which executeAt is written
+# with; a node's own wall clock may be set off, CHAOS_CLOCK_SKEW): anything
+# sooner than this before executeAt is early.
 EARLY_TOLERANCE = 0.002
 
 # The kinds of duplicate (see the module docstring), in the order of the
@@ -73,9 +90,20 @@ EARLY_TOLERANCE = 0.002
 OWNER_CHANGE = "owner_change"
 RETRIED_PUBLISH = "retried_publish"
 ACROSS_STORE_CRASH = "across_store_crash"
+DEFERRED_PUBLISH = "deferred_publish"
 PRODUCER_RETRY = "producer_retry"
 SAME_CLAIM = "same_claim"
-KINDS = (OWNER_CHANGE, RETRIED_PUBLISH, ACROSS_STORE_CRASH, PRODUCER_RETRY, SAME_CLAIM)
+KINDS = (
+    OWNER_CHANGE,
+    RETRIED_PUBLISH,
+    ACROSS_STORE_CRASH,
+    DEFERRED_PUBLISH,
+    PRODUCER_RETRY,
+    SAME_CLAIM,
+)
+# The least time between two sends of one claim that a broker fault can
+# explain as a deferred publish (see the module docstring).
+DEFERRED_MIN_GAP = 0.5
 # Duplicated units listed with their copies in a result, failures first.
 EXPLAINED_LIMIT = 50
 
@@ -92,6 +120,8 @@ class Delivery:
     digest: str | None = None  # of the record value
     partition: int | None = None
     offset: int | None = None
+    # When the runner read it (epoch seconds, its own clock); None: not noted.
+    received: float | None = None
 
     @property
     def schedule(self) -> str:
@@ -177,11 +207,15 @@ def check(
     listed = sorted(duplicates, key=lambda d: (-KINDS.index(d.kind), d.unit))
     lateness: list[tuple[float, float]] = []  # (executeAt, lateness)
     early: list[str] = []
+    early_received: list[str] = []
     for schedule_id, execute_at in accepted.items():
         if schedule_id in by_id:
             first = min(d.at for d in by_id[schedule_id])
             if first < execute_at - EARLY_TOLERANCE:
                 early.append(schedule_id)
+            received = [d.received for d in by_id[schedule_id] if d.received is not None]
+            if received and min(received) < execute_at - EARLY_TOLERANCE:
+                early_received.append(schedule_id)
             lateness.append((execute_at, max(0.0, first - execute_at)))
     stale = _stale_claims(accepted, deliveries, buckets)
     vanished = sorted(set(by_id) - kept) if kept is not None else []
@@ -193,6 +227,7 @@ def check(
         **_counted("lost", lost),
         **_counted("cancelled_delivered", cancelled_delivered),
         **_counted("early", sorted(early)),
+        **_counted("early_received", sorted(early_received)),
         "duplicates": len(duplicates),
         "duplicates_by_kind": {kind: by_kind[kind] for kind in KINDS},
         "duplicates_explained": [d.as_dict() for d in listed[:EXPLAINED_LIMIT]],
@@ -222,7 +257,8 @@ def check(
 
 
 def passed(result: Mapping[str, Any]) -> bool:
-    """The invariants that must hold whatever the faults."""
+    """The invariants that must hold whatever the faults (and, where a run
+    judged them, its floods of garbage gossip: ``garbage_failures``)."""
     return all(
         result[key] == 0
         for key in (
@@ -234,7 +270,7 @@ def passed(result: Mapping[str, Any]) -> bool:
             "vanished",
             "unexpected_occurrences",
         )
-    )
+    ) and all(result.get(key, 0) == 0 for key in ("early_received", "garbage_failures"))
 
 
 def _explain(
@@ -278,10 +314,24 @@ def _one_claim(
             yield (PRODUCER_RETRY, fault.label) if fault else (SAME_CLAIM, None)
     if len(sends) > 1:
         # Separate sends of one claim: the claim was made again, which a
-        # database crash between them explains (its acknowledgement was lost).
-        first, last = min(at for at, _ in sends), max(at for at, _ in sends)
-        crash = _first(c for c in store_crashes if first <= c.start <= last)
-        yield (ACROSS_STORE_CRASH, crash.label) if crash else (SAME_CLAIM, None)
+        # database crash between them explains (its acknowledgement was
+        # lost), or a broker fault during every send but the last (the
+        # broker's silence spent no attempt: the same claim published again).
+        times = sorted(at for at, _ in sends)
+        crash = _first(c for c in store_crashes if times[0] <= c.start <= times[-1])
+        faults = [_first(w for w in broker_faults if w.holds(at)) for at in times[:-1]]
+        digests = {digest for _, digest in sends}
+        if crash:
+            yield ACROSS_STORE_CRASH, crash.label
+        elif (
+            all(faults)
+            and None not in digests
+            and len(digests) == 1
+            and min(b - a for a, b in pairwise(times)) >= DEFERRED_MIN_GAP
+        ):
+            yield DEFERRED_PUBLISH, faults[0].label if faults[0] else None
+        else:
+            yield SAME_CLAIM, None
 
 
 def _first(windows: Iterable[Window]) -> Window | None:

@@ -3,10 +3,16 @@ injection: start, SIGKILL, SIGSTOP/SIGCONT and gracefully stop nodes while
 the rest keep running, and cut the network between them.
 
 With ``network`` (``chaos/network.py``) each node runs in its own network
-namespace and a partition is a cut link. Without, every node is on loopback
-and a partition is the nodes' chaos-mode gossip filter (``PUT
-/v1/chaos/partition``, needs ``CHAOS_MODE=on``): gossip is cut, the links
-to the database and the broker are not."""
+namespace and a partition is a cut link; the database and the broker listen
+on addresses of their own on the bridge, so a node can lose just one of
+them. Without, every node is on loopback and a partition is the nodes'
+chaos-mode gossip filter (``PUT /v1/chaos/partition``, needs
+``CHAOS_MODE=on``): gossip is cut, the links to the database and the broker
+are not, and a node cannot lose just one server.
+
+With ``auth`` the nodes run with AUTH=on and every call but the probes and
+the metrics carries ``api_key`` (an admin tenant's, which the operator
+routes need); ``env`` holds what every node gets, CLUSTER_KEYS included."""
 
 from __future__ import annotations
 
@@ -57,6 +63,10 @@ class ExternalServers(RuntimeError):
     """A server fault asked of servers this cluster did not start."""
 
 
+class NoNamespaces(RuntimeError):
+    """A fault that needs network namespaces, asked of a cluster without them."""
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -66,6 +76,7 @@ class LocalCluster:
         network: Namespaces | None = None,
         external: tuple[str, str] | None = None,
         durable_broker: bool = False,
+        auth: bool = False,
     ) -> None:
         self.data_dir = data_dir
         # Tansu over a disk-backed S3 store instead of memory, so the broker
@@ -79,9 +90,16 @@ class LocalCluster:
         # to start, crash or pause, and a database of this run's own.
         self.external = external
         self.database = f"chaos-{os.getpid()}-{int(time.time())}"
-        # The servers listen where every node can reach them: the bridge.
-        self.host = network.server_host if network else HOST
+        # The servers listen where every node can reach them: the bridge,
+        # each on an address of its own (a node can be cut from one).
+        self.store_host = network.store_host if network else HOST
+        self.broker_host = network.broker_host if network else HOST
+        self.auth = auth
+        # An admin tenant's key (the operator routes need one), set by
+        # whoever created it once the database runs; None with auth off.
+        self.api_key: str | None = None
         self.nodes: dict[str, NodeProcess] = {}
+        self._splits: list[list[tuple[str, str]]] = []  # routes of each split in force
         self.mongo: subprocess.Popen[bytes] | None = None
         self.kafka: subprocess.Popen[bytes] | None = None
         self.mongo_port = 0
@@ -92,13 +110,13 @@ class LocalCluster:
     def mongo_uri(self) -> str:
         if self.external:
             return self.external[0]
-        return embedded.mongo_uri(self.host, self.mongo_port)
+        return embedded.mongo_uri(self.store_host, self.mongo_port)
 
     @property
     def kafka_bootstrap(self) -> str:
         if self.external:
             return self.external[1]
-        return f"{self.host}:{self.kafka_port}"
+        return f"{self.broker_host}:{self.kafka_port}"
 
     def _embedded(self, fault: str) -> None:
         if self.external:
@@ -114,8 +132,8 @@ class LocalCluster:
     def start_servers(self) -> None:
         if self.external:
             return
-        host = self.host
-        self.mongo_port, self.kafka_port = embedded.free_port(host), embedded.free_port(host)
+        self.mongo_port = embedded.free_port(self.store_host)
+        self.kafka_port = embedded.free_port(self.broker_host)
         self._spawn_mongo()  # waited for after the broker: both start at once
         if self.durable_broker:
             self.objectstore, s3_port = objectstore.start(
@@ -123,11 +141,11 @@ class LocalCluster:
             )
             self._kafka_env = {**os.environ, **objectstore.broker_env(s3_port)}
         self._spawn_kafka()
-        embedded.wait_for_port(host, self.mongo_port, 60, self.mongo)
+        embedded.wait_for_port(self.store_host, self.mongo_port, 60, self.mongo)
 
     def _spawn_mongo(self) -> None:
         self.mongo = embedded.spawn(
-            embedded.mongo_argv(self.host, self.mongo_port, self.data_dir / "mongo"),
+            embedded.mongo_argv(self.store_host, self.mongo_port, self.data_dir / "mongo"),
             log=self._logfile("mongodb"),
         )
 
@@ -141,11 +159,11 @@ class LocalCluster:
         time.sleep(down_for)
 
     def _spawn_kafka(self) -> None:
-        argv = embedded.kafka_argv(self.host, self.kafka_port)
+        argv = embedded.kafka_argv(self.broker_host, self.kafka_port)
         if self.durable_broker:
             argv += ["--storage-engine", objectstore.STORAGE_URL]
         self.kafka = embedded.spawn(argv, log=self._logfile("kafka"), env=self._kafka_env)
-        embedded.wait_for_port(self.host, self.kafka_port, 60, self.kafka)
+        embedded.wait_for_port(self.broker_host, self.kafka_port, 60, self.kafka)
 
     def crash_broker(self, down_for: float) -> None:
         """SIGKILL Kafka, keep it down ``down_for`` seconds, restart it on the
@@ -161,7 +179,7 @@ class LocalCluster:
         self._embedded("crash the store")
         self._crash(self.mongo, down_for)
         self._spawn_mongo()
-        embedded.wait_for_port(self.host, self.mongo_port, 60, self.mongo)
+        embedded.wait_for_port(self.store_host, self.mongo_port, 60, self.mongo)
 
     def pause_broker(self, down_for: float) -> None:
         """SIGSTOP Kafka for ``down_for`` seconds, then SIGCONT: connections
@@ -174,7 +192,14 @@ class LocalCluster:
         finally:
             self.kafka.send_signal(signal.SIGCONT)
 
-    def start_node(self, name: str) -> NodeProcess:
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every call but the probes and the metrics carries."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def start_node(self, name: str, env: dict[str, str] | None = None) -> NodeProcess:
+        """``env``: this start's own settings over the cluster's (a later
+        start of the same name goes without them)."""
         if self.network is not None:
             host, http_port, gossip_port = self.network.add(name), NODE_HTTP_PORT, NODE_GOSSIP_PORT
         else:
@@ -191,9 +216,9 @@ class LocalCluster:
             "--mongo-database", self.database,
             "--kafka-bootstrap", self.kafka_bootstrap,
             "--log-format", "console",
-            "--auth", "off",
+            "--auth", "on" if self.auth else "off",
         ]  # fmt: skip
-        env = {"LOG_LEVEL": "info", **os.environ, **self.env}
+        env = {"LOG_LEVEL": "info", **os.environ, **self.env, **(env or {})}
         if self.network is not None:
             argv = self.network.wrap(name, argv)
         process = embedded.spawn(argv, log=self._logfile(name), env=env)
@@ -214,15 +239,30 @@ class LocalCluster:
         raise RuntimeError(f"{name} not ready within {within:g} s")
 
     def cluster_view(self, name: str) -> dict[str, Any]:
-        view: dict[str, Any] = get_json(self.nodes[name].url + "/v1/cluster")
+        view: dict[str, Any] = get_json(self.nodes[name].url + "/v1/cluster", self.headers)
         return view
 
-    def settled(self, exclude: Collection[str] = ()) -> bool:
-        """Every live node (but ``exclude``: paused ones) sees the same alive
-        members, and every bucket is held by the member those views place it on."""
+    def metrics(self, name: str) -> str:
+        """The node's /metrics page (open to anyone, auth or not)."""
+        with urllib.request.urlopen(self.nodes[name].url + "/metrics", timeout=5) as response:
+            text: str = response.read().decode()
+            return text
+
+    def settled(self, exclude: Collection[str] = (), unplaced: Collection[str] = ()) -> bool:
+        """Every live node (but ``exclude``: paused or cut-off ones, which
+        their peers must come to see as gone) sees the same alive members,
+        and every bucket is held by the member those views place it on.
+
+        ``unplaced``: live nodes that cannot work buckets (cut from the
+        database): not asked (their view reads the database), but still
+        members (gossip reaches them), and settled only once no bucket is
+        placed on, or held by, any of them."""
         live = [n for n in self.nodes.values() if n.alive and n.name not in exclude]
+        asked = [n for n in live if n.name not in unplaced]
+        if not asked:
+            return False
         try:
-            views = [get_json(n.url + "/v1/cluster") for n in live]
+            views = [get_json(n.url + "/v1/cluster", self.headers) for n in asked]
             names = {n.name for n in live}
             for view in views:
                 alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
@@ -231,7 +271,11 @@ class LocalCluster:
             owners = views[0]["buckets"]["owners"]
         except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
             return False
-        return bool(owners) and all(o["owner"] == o["placed"] for o in owners)
+        return (
+            bool(owners)
+            and all(o["owner"] == o["placed"] for o in owners)
+            and not any(o["placed"] in unplaced for o in owners)
+        )
 
     def describe(self) -> str:
         """Each live node's view, for the report when something does not settle."""
@@ -241,9 +285,12 @@ class LocalCluster:
                 lines.append(f"{node.name}: exited {node.process.returncode}")
                 continue
             try:
-                view = get_json(node.url + "/v1/cluster")
+                view = get_json(node.url + "/v1/cluster", self.headers)
             except (OSError, ValueError) as exc:
                 lines.append(f"{node.name}: no answer ({exc})")
+                continue
+            if "members" not in view:  # an error body
+                lines.append(f"{node.name}: {json.dumps(view)[:200]}")
                 continue
             members = ", ".join(f"{m['id']}={m['state']}" for m in view["members"])
             b = view["buckets"]
@@ -280,12 +327,14 @@ class LocalCluster:
         """Cut every path between nodes of different groups. ``isolate``: cut
         that node off everything instead (its link goes down). Returns the
         nodes the gossip filter could not be set on (paused, or starting):
-        the others' filters still cut their side of each path."""
+        the others' filters still cut their side of each path. With network
+        namespaces ``heal_partition`` undoes just this partition (given the
+        isolated node, if any); the gossip filter only heals as a whole."""
         if self.network is not None:
             if isolate is not None:
                 self.network.isolate(isolate)
             else:
-                self.network.split(groups)
+                self._splits.append(self.network.split(groups))
             return []
         side = {name: i for i, group in enumerate(groups) for name in group}
         unreached = []
@@ -303,15 +352,41 @@ class LocalCluster:
     def heal(self) -> list[str]:
         if self.network is not None:
             self.network.heal()
+            self._splits.clear()
             return []
         return [n.name for n in self.nodes.values() if n.alive and not self._block_gossip(n, [])]
+
+    def heal_partition(self, *, isolate: str | None = None) -> list[str]:
+        """Undo one partition: the isolation of ``isolate``, else the oldest
+        split still in force. The gossip filter has no such thing: it heals
+        everything (so partitions in a filtered run should not overlap)."""
+        if self.network is None:
+            return self.heal()
+        if isolate is not None:
+            self.network.reconnect(isolate)
+        elif self._splits:
+            self.network.uncut(self._splits.pop(0))
+        return []
+
+    def cut_server(self, name: str, server: str) -> list[tuple[str, str]]:
+        """The node loses only the database (``server`` "store") or only the
+        broker ("broker"); ``uncut`` with the result restores it. Needs
+        network namespaces and servers of this cluster's own."""
+        self._embedded(f"cut a node from the {server}")
+        if self.network is None:
+            raise NoNamespaces(f"cannot cut a node from the {server}: no network namespaces")
+        return self.network.cut_server(name, server)
+
+    def uncut(self, routes: list[tuple[str, str]]) -> None:
+        if self.network is not None:
+            self.network.uncut(routes)
 
     def _block_gossip(self, node: NodeProcess, addresses: list[str]) -> bool:
         request = urllib.request.Request(
             node.url + "/v1/chaos/partition",
             data=json.dumps({"blocked": addresses}).encode(),
             method="PUT",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.headers},
         )
         try:
             with urllib.request.urlopen(request, timeout=2):
@@ -339,9 +414,10 @@ class LocalCluster:
             self.network.close()
 
 
-def get_json(url: str) -> Any:
+def get_json(url: str, headers: dict[str, str] | None = None) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
         return json.load(exc)

@@ -43,15 +43,16 @@ class Recorder:
     async def _pump(self) -> None:
         while True:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
+            received = time.time()
             for part in batch.values():
                 for record in part:
-                    delivery = self._delivery(record)
+                    delivery = self._delivery(record, received)
                     self.deliveries.append(delivery)
                     self.records.append(
                         (delivery.schedule_id, delivery.token, delivery.attempt, delivery.at)
                     )
 
-    def _delivery(self, record: ConsumerRecord[bytes, bytes]) -> Delivery:
+    def _delivery(self, record: ConsumerRecord[bytes, bytes], received: float) -> Delivery:
         headers = dict(record.headers)
         unit = headers["schedule-id"].decode()
         if unit in self.recurring:
@@ -65,6 +66,7 @@ class Recorder:
             digest=hashlib.blake2b(record.value or b"", digest_size=8).hexdigest(),
             partition=record.partition,
             offset=record.offset,
+            received=received,
         )
 
     async def stop(self) -> None:

@@ -2,13 +2,23 @@
 network namespace, linked to a bridge by a veth pair, as pods are.
 
 * The database, the broker and the chaos runner stay in the root namespace
-  and reach the nodes over the bridge, whose address the servers listen on.
+  and reach the nodes over the bridge, which holds three addresses: the
+  runner's (the bridge's own, ``.1``, which the root namespace's packets to
+  the nodes come from), the database's (``.2``) and the broker's (``.3``).
+  Each server listening on an address of its own lets a node lose one of
+  them and nothing else.
 * Isolating a node takes its link down: a cut cable. The node loses its
   peers, the database and the broker at once, and so does anyone calling it.
 * Splitting the cluster routes each half's packets for the other half to an
   address no one answers, so they vanish silently, as across a broken
   switch; both halves still reach the database and the broker. (This
   kernel has no tc actions and no netfilter tools, so a route is the cut.)
+* Cutting a node from the database (or the broker) routes its packets for
+  that server's address the same way: it keeps its peers, the runner and
+  the other server.
+
+Every cut is undone on its own (``uncut``, ``reconnect``), so faults that
+overlap in time heal independently; ``heal`` undoes them all.
 
 Needs root and iproute2. ``probe()`` says why namespaces cannot be used, and
 the runner then falls back to the nodes' in-process gossip filter.
@@ -81,12 +91,17 @@ class Namespaces:
         self.tag = f"{PREFIX}{os.getpid()}"
         self.bridge = self.tag + "br"
         self.subnet = _free_subnet()
+        # The bridge's own (first, primary) address: what the root
+        # namespace's packets to the nodes come from (the runner's calls).
         self.server_host = f"{self.subnet}.1"
+        self.store_host = f"{self.subnet}.2"  # the database listens here
+        self.broker_host = f"{self.subnet}.3"  # the broker listens here
         self.hosts: dict[str, str] = {}  # node name -> address
         self._index: dict[str, int] = {}
-        self._cut_routes: set[tuple[str, str]] = set()
+        self._cut_routes: set[tuple[str, str]] = set()  # (node, address cut off)
         _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.server_host}/24", "dev", self.bridge)
+        for host in (self.server_host, self.store_host, self.broker_host):
+            _ip("addr", "add", f"{host}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
     def _netns(self, name: str) -> str:
@@ -122,29 +137,44 @@ class Namespaces:
     def reconnect(self, name: str) -> None:
         _ip("link", "set", self._veth(name), "up")
 
-    def split(self, groups: Iterable[Iterable[str]]) -> None:
-        """No packet between members of different groups, either way."""
+    def split(self, groups: Iterable[Iterable[str]]) -> list[tuple[str, str]]:
+        """No packet between members of different groups, either way.
+        Returns the routes cut, for ``uncut``."""
         sides = [sorted(g) for g in groups]
+        cut = []
         for i, side in enumerate(sides):
             for other in sides[i + 1 :]:
                 for a in side:
                     for b in other:
-                        self._cut(a, b)
-                        self._cut(b, a)
+                        cut.append(self._cut(a, self.hosts[b]))
+                        cut.append(self._cut(b, self.hosts[a]))
+        return cut
 
-    def _cut(self, source: str, target: str) -> None:
+    def cut_server(self, name: str, server: str) -> list[tuple[str, str]]:
+        """The node loses the database (``server`` "store") or the broker
+        ("broker") only. Returns the route cut, for ``uncut``."""
+        hosts = {"store": self.store_host, "broker": self.broker_host}
+        return [self._cut(name, hosts[server])]
+
+    def _cut(self, source: str, address: str) -> tuple[str, str]:
         # Via an address on the bridge that no one holds: ARP goes
         # unanswered and the packets are dropped without an error.
         _ip(
             "-n", self._netns(source), "route", "replace",
-            f"{self.hosts[target]}/32", "via", f"{self.subnet}.254",
+            f"{address}/32", "via", f"{self.subnet}.254",
         )  # fmt: skip
-        self._cut_routes.add((source, target))
+        self._cut_routes.add((source, address))
+        return source, address
+
+    def uncut(self, routes: Iterable[tuple[str, str]]) -> None:
+        """Undo the cuts ``split`` or ``cut_server`` made, and only those."""
+        for source, address in routes:
+            if (source, address) in self._cut_routes:
+                _ip("-n", self._netns(source), "route", "del", f"{address}/32", check=False)
+                self._cut_routes.discard((source, address))
 
     def heal(self) -> None:
-        for source, target in sorted(self._cut_routes):
-            _ip("-n", self._netns(source), "route", "del", f"{self.hosts[target]}/32", check=False)
-        self._cut_routes.clear()
+        self.uncut(sorted(self._cut_routes))
         for name in self.hosts:
             self.reconnect(name)
 

@@ -33,6 +33,11 @@ def render_html(result: dict[str, Any]) -> str:
     verdict = "PASSED" if result["passed"] else "FAILED"
     summary = [
         ("network", result.get("network", "")),
+        (
+            "auth; cluster keys",
+            f"{'on' if result.get('auth') else 'off'}; "
+            f"{'on' if result.get('cluster_keys') else 'off'}",
+        ),
         ("accepted (schedules and expected occurrences)", result["accepted"]),
         (
             "recurring schedules; their occurrences",
@@ -41,7 +46,10 @@ def render_html(result: dict[str, Any]) -> str:
         ("cancelled", result["cancelled"]),
         ("delivered", result["delivered"]),
         ("lost", result["lost"]),
-        ("early", result["early"]),
+        (
+            "early (by record timestamp; read before due)",
+            f"{result['early']}; {result.get('early_received', 0)}",
+        ),
         ("cancelled but delivered", result["cancelled_delivered"]),
         (
             "duplicates (under one claim; across a database crash)",
@@ -55,6 +63,10 @@ def render_html(result: dict[str, Any]) -> str:
         ("stale claims (two owners at once)", result["stale_claims"]),
         ("gone from the topic by the end", result["vanished"]),
         ("unexpected occurrences (a chain doubled or drifted)", result["unexpected_occurrences"]),
+        (
+            "garbage gossip floods failed (target declared dead, or nothing dropped)",
+            result.get("garbage_failures", 0),
+        ),
         ("lateness p50 / p99 / max", _ms(result["lateness_s"])),
         ("outside fault windows", _ms(result["lateness_outside_windows_s"])),
     ]
@@ -107,7 +119,13 @@ def _settled(event: dict[str, Any]) -> str:
     if "skipped_settle" in event:
         return f"not timed: {event['skipped_settle']}"
     after = event.get("settled_after_s")
-    return "did not settle" if after is None else f"after {after} s"
+    text = "did not settle" if after is None else f"after {after} s"
+    garbage = event.get("garbage")
+    if garbage and "passed" in garbage:
+        dropped = ", ".join(f"{k} {v:g}" for k, v in garbage.get("dropped", {}).items())
+        verdict = "target kept alive" if garbage["passed"] else "FAILED"
+        text += f"; {garbage.get('datagrams', 0)} garbage datagrams, dropped {dropped}: {verdict}"
+    return text
 
 
 def _plot(

@@ -18,25 +18,34 @@ bucket held by its placed owner).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import random
+import re
+import secrets
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pymongo import AsyncMongoClient
 
 from chaos.checker import Window, check, occurrence, passed
 from chaos.cluster import LocalCluster, get_json
+from chaos.garbage import Garbage, dropped, flood
 from chaos.harness import Recorder, broker_stores, iso, until
 from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
+from node.errors import StoreUnavailable
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant
 
 # Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (6 s),
 # with room to spare.
@@ -52,6 +61,15 @@ CHAIN_EVERY = 2.0  # seconds
 # Faults of the broker: inside their windows a producer may resend a batch
 # the stalled broker had stored after all (``chaos.checker``: producer_retry).
 BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
+SERVER_FAULTS = ("crash-store", "pause-broker", "crash-broker")
+# A flood of garbage gossip is judged from its start to this long after its
+# end: a node the garbage had stalled is declared dead seconds later.
+GARBAGE_JUDGED = 5.0
+# What a node reports as the store's clock minus its own (a skewed node's
+# shows its skew, negated).
+CLOCK_OFFSET = re.compile(r"^scheduler_clock_offset_seconds\s+([0-9.eE+-]+)\s*$", re.M)
+# With AUTH=on, the tenant whose key every call of the run carries.
+ADMIN_TENANT = "chaos-admin"
 # Duplicated units printed with their copies (summary.json lists more).
 SHOWN_DUPLICATES = 20
 
@@ -69,33 +87,45 @@ class Run:
         external: tuple[str, str] | None = None,
     ) -> None:
         self.scenario = scenario
+        # The fixed steps and those the seed draws for the ``any`` entries.
+        self.steps = scenario.timeline(seed)
         # unfenced: nodes run without the fence (CHAOS_MODE=unfenced), to show
         # that the checker catches what the fence prevents.
         self.unfenced = unfenced
         self.settle_within = settle_within
-        # Partitions cut real links where network namespaces work; elsewhere
-        # (or with namespaces=False) the nodes' chaos-mode gossip filter.
+        # Partitions and cuts take real links where network namespaces work;
+        # elsewhere (or with namespaces=False) partitions are the nodes'
+        # chaos-mode gossip filter and cuts from one server are skipped.
         network = None
         self.network = "loopback (no partition in this scenario)"
         filtered = False
-        if any(step.partitions for step in scenario.steps):
+        self.no_namespaces: str | None = "no step here cuts a link"
+        if any(step.needs_namespaces for step in self.steps):
             sweep()
             reason = probe() if namespaces else "turned off (--no-namespaces)"
             if external:
                 # Nodes in namespaces reach only the bridge, not servers
                 # elsewhere (no NAT tools on the kind of host this targets).
                 reason = "the servers are external"
+            self.no_namespaces = reason
             if reason is None:
                 network = Namespaces()
             else:
-                filtered = True
+                filtered = any(step.partitions for step in self.steps)
         mode = "unfenced" if unfenced else "on" if filtered else "off"
+        env = {"CHAOS_MODE": mode}
+        # A fresh key per run signs the gossip (and the wake-up hints).
+        self.cluster_keys: tuple[bytes, ...] = ()
+        if scenario.cluster_keys:
+            self.cluster_keys = (secrets.token_bytes(32),)
+            env["CLUSTER_KEYS"] = ",".join(base64.b64encode(k).decode() for k in self.cluster_keys)
         self.cluster = LocalCluster(
             data_dir,
-            env={"CHAOS_MODE": mode},
+            env=env,
             network=network,
             external=external,
-            durable_broker=any(step.do == "crash-broker" for step in scenario.steps),
+            durable_broker=any(step.do == "crash-broker" for step in self.steps),
+            auth=scenario.auth,
         )
         # Records of earlier runs stay in an external broker's topic.
         self.topic = f"chaos-{self.cluster.database}" if external else "chaos"
@@ -108,6 +138,10 @@ class Run:
         self.ready: set[str] = set()
         self.paused: set[str] = set()
         self.isolated: set[str] = set()
+        self.store_cut: set[str] = set()  # cut from the database, still gossiping
+        self.broker_cut: set[str] = set()  # cut from the broker
+        self.flooded: set[str] = set()  # under garbage gossip
+        self.skewed: dict[str, float] = {}  # node -> seconds its clock runs off
         self._partitions = 0  # in force now
         self.accepted: dict[str, float] = {}  # unit (a schedule or an occurrence) -> due
         self.chains: set[str] = set()  # recurring schedules created
@@ -121,6 +155,8 @@ class Run:
         self._started = 0.0
         self._names = 0
         self._background: list[asyncio.Task[None]] = []
+        # Events waiting for the cluster to settle: one poller serves them all.
+        self._settling: list[tuple[dict[str, Any], float, asyncio.Future[None]]] = []
 
     # -- nodes -------------------------------------------------------------------
 
@@ -128,24 +164,32 @@ class Run:
         self._names += 1
         return f"node-{self._names}"
 
-    async def _start(self, name: str) -> None:
-        self.cluster.start_node(name)
+    async def _start(self, name: str, env: dict[str, str] | None = None) -> None:
+        self.cluster.start_node(name, env)
         await asyncio.to_thread(self.cluster.wait_ready, name)
         self.ready.add(name)
 
     def _running(self) -> list[str]:
+        """Ready nodes that can take calls: not paused, cut off or cut from
+        the database."""
+        out = self.paused | self.isolated | self.store_cut
         return sorted(
             n.name
             for n in self.cluster.nodes.values()
-            if n.alive and n.name in self.ready and n.name not in self.paused | self.isolated
+            if n.alive and n.name in self.ready and n.name not in out
         )
 
     def _pick(self, step: Step) -> str | None:
         running = self._running()
+        # A node under a lasting fault is left to it: no second fault on it.
+        free = [name for name in running if name not in self.broker_cut | self.flooded]
         if step.target == "random":
             # Never the last node: a fault, not an outage.
-            return self.rng.choice(running) if len(running) > 1 else None
-        return step.target if step.target in running else None
+            return self.rng.choice(free) if len(running) > 1 and free else None
+        return step.target if step.target in free else None
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        self._background.append(asyncio.create_task(work))
 
     # -- faults ------------------------------------------------------------------
 
@@ -154,23 +198,33 @@ class Run:
         self.rng.shuffle(names)
         return [set(names[: len(names) // 2]), set(names[len(names) // 2 :])]
 
+    def _cannot(self, step: Step) -> str | None:
+        """Why this run cannot play ``step`` at all (None: it can)."""
+        if step.do in SERVER_FAULTS and self.cluster.external:
+            return "the servers are external: the runner cannot crash or pause them"
+        if step.do in ("cut-store", "cut-broker"):
+            if self.cluster.external:
+                return "the servers are external: the runner cannot cut one link to them"
+            if self.cluster.network is None:
+                return f"needs network namespaces ({self.no_namespaces})"
+        return None
+
     async def _play(self, step: Step) -> None:
         # Steps on the servers, on the whole cluster or adding a node have
         # no target to pick.
         target = self._pick(step) if "target" in FIELDS[step.do] else None
         event = self._event(step.do, step.label, lasting=step.lasting)
-        if step.do == "start":
+        settle = True  # time the settling from now (else the step does, later)
+        cannot = self._cannot(step)
+        if cannot is not None:
+            event["skipped"] = cannot
+        elif step.do == "start":
             target = self._new_name()
             event["node"] = target
-            self._background.append(asyncio.create_task(self._start(target)))
-        elif step.do in ("crash-store", "pause-broker", "crash-broker") and self.cluster.external:
-            event["skipped"] = "the servers are external: the runner cannot crash or pause them"
-        elif step.do == "crash-store":
-            await asyncio.to_thread(self.cluster.crash_store, step.lasting)
-        elif step.do == "pause-broker":
-            await asyncio.to_thread(self.cluster.pause_broker, step.lasting)
-        elif step.do == "crash-broker":
-            await asyncio.to_thread(self.cluster.crash_broker, step.lasting)
+            self._later(self._start(target))
+        elif step.do in SERVER_FAULTS:
+            settle = False
+            self._later(self._server_fault(event, step))
         elif step.do == "split":
             halves = self._halves()
             event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
@@ -179,32 +233,50 @@ class Run:
             event["skipped"] = "no such running node (or only one left)"
         elif step.do == "kill":
             self.ready.discard(target)
+            self.skewed.pop(target, None)
             self.cluster.kill(target)
             if step.restart:
-                self._background.append(asyncio.create_task(self._start(target)))
+                self._later(self._start(target))
         elif step.do == "stop":
             self.ready.discard(target)
-            await asyncio.to_thread(self.cluster.stop_node, target)
+            self.skewed.pop(target, None)
+            self._later(self._stop(target))
         elif step.do == "restart":
             self.ready.discard(target)
-            await asyncio.to_thread(self.cluster.stop_node, target)
-            self._background.append(asyncio.create_task(self._start(target)))
+            self._later(self._restart(target))
+        elif step.do == "skew-clock":
+            # CHAOS_CLOCK_SKEW takes effect in chaos mode only.
+            env = {
+                "CHAOS_MODE": "unfenced" if self.unfenced else "on",
+                "CHAOS_CLOCK_SKEW": f"{step.skew:g}",
+            }
+            event["skew_s"] = step.skew
+            self.ready.discard(target)
+            self._later(self._skew(event, target, env, step.skew))
         elif step.do == "pause":
             self.paused.add(target)
             self.cluster.pause(target)
-            self._background.append(asyncio.create_task(self._resume_later(target, step)))
+            self._later(self._resume_later(target, step))
         elif step.do == "isolate":
             self.isolated.add(target)
             others = {n for n in self.cluster.nodes if n != target}
             await self._partition(event, step, [{target}, others], isolate=target)
+        elif step.do in ("cut-store", "cut-broker"):
+            server = "store" if step.do == "cut-store" else "broker"
+            routes = await asyncio.to_thread(self.cluster.cut_server, target, server)
+            (self.store_cut if server == "store" else self.broker_cut).add(target)
+            self._later(self._reconnect_later(target, server, routes, step))
+        elif step.do == "garbage-gossip":
+            self.flooded.add(target)
+            self._later(self._garbage(event, step, target))
 
         event.setdefault("node", target)
         self.events.append(event)
         if step.do == "split":
             # Each half settles on its own view; the cluster settles after the heal.
             event["skipped_settle"] = "the halves cannot agree until the heal"
-        elif "skipped" not in event:
-            self._background.append(asyncio.create_task(self._time_to_settle(event)))
+        elif "skipped" not in event and settle:
+            self._later(self._time_to_settle(event))
 
     def _event(self, do: str, label: str, *, lasting: float = 0.0) -> dict[str, Any]:
         return {
@@ -213,6 +285,43 @@ class Run:
             "step": label,
             "lasting": lasting,
         }
+
+    async def _stop(self, name: str) -> None:
+        await asyncio.to_thread(self.cluster.stop_node, name)
+
+    async def _restart(
+        self, name: str, env: dict[str, str] | None = None, *, skew: float | None = None
+    ) -> None:
+        """Stop gracefully and start again: with ``env`` (a skewed clock), or
+        plain, which also undoes an earlier skew."""
+        await asyncio.to_thread(self.cluster.stop_node, name)
+        if skew is None:
+            self.skewed.pop(name, None)
+        else:
+            self.skewed[name] = skew
+        await self._start(name, env)
+
+    async def _skew(
+        self, event: dict[str, Any], name: str, env: dict[str, str], skew: float
+    ) -> None:
+        """Restart the node with its wall clock ``skew`` seconds off, and note
+        the offset from the store's clock it then reports (about -skew)."""
+        await self._restart(name, env, skew=skew)
+        with contextlib.suppress(OSError, ValueError):
+            found = CLOCK_OFFSET.search(await asyncio.to_thread(self.cluster.metrics, name))
+            if found:
+                event["clock_offset_s"] = round(float(found.group(1)), 3)
+
+    async def _server_fault(self, event: dict[str, Any], step: Step) -> None:
+        """Crash or pause a server for the step's time (in a thread: it
+        sleeps), then time the settling from its return."""
+        fault = {
+            "crash-store": self.cluster.crash_store,
+            "pause-broker": self.cluster.pause_broker,
+            "crash-broker": self.cluster.crash_broker,
+        }[step.do]
+        await asyncio.to_thread(fault, step.lasting)
+        await self._time_to_settle(event)
 
     async def _partition(
         self,
@@ -225,7 +334,7 @@ class Run:
         unreached = await asyncio.to_thread(self.cluster.partition, groups, isolate=isolate)
         if unreached:
             event["filter_not_set_on"] = unreached
-        self._background.append(asyncio.create_task(self._heal_later(step)))
+        self._later(self._heal_later(step, isolate))
 
     async def _resume_later(self, name: str, step: Step) -> None:
         await asyncio.sleep(step.lasting)
@@ -241,49 +350,176 @@ class Run:
         self.events.append(event)
         await self._time_to_settle(event)
 
-    async def _heal_later(self, step: Step) -> None:
+    async def _heal_later(self, step: Step, isolated: str | None) -> None:
+        """Undo this partition (with namespaces, only this one: an isolation
+        or a split that overlaps it stays; the gossip filter heals all)."""
         self._partitions += 1
         await asyncio.sleep(step.lasting)
         self._partitions -= 1
-        unreached = await asyncio.to_thread(self.cluster.heal)
-        self.isolated.clear()
+        unreached = await asyncio.to_thread(self.cluster.heal_partition, isolate=isolated)
+        if self.cluster.network is None:
+            self.isolated.clear()
+        elif isolated is not None:
+            self.isolated.discard(isolated)
         event = self._event("heal", "heal")
-        event["node"] = None
+        event["node"] = isolated
         if unreached:
             event["filter_not_set_on"] = unreached
         self.events.append(event)
         await self._time_to_settle(event)
 
-    async def _time_to_settle(self, event: dict[str, Any]) -> None:
+    async def _reconnect_later(
+        self, name: str, server: str, routes: list[tuple[str, str]], step: Step
+    ) -> None:
+        await asyncio.sleep(step.lasting)
+        await asyncio.to_thread(self.cluster.uncut, routes)
+        (self.store_cut if server == "store" else self.broker_cut).discard(name)
+        event = self._event("reconnect", f"reconnect to the {server}")
+        event["node"] = name
+        self.events.append(event)
+        await self._time_to_settle(event)
+
+    async def _garbage(self, event: dict[str, Any], step: Step, name: str) -> None:
+        """Flood the node's gossip port for the step's time; note what was
+        sent and what the node counted as dropped. Whether the others kept
+        it alive meanwhile is judged from the samples after the run."""
+        node = self.cluster.nodes[name]
+        peers = [(n.name, n.gossip_address) for n in self.cluster.nodes.values() if n is not node]
+        maker = Garbage(
+            random.Random(self.rng.random()),
+            self.cluster_keys,
+            target=name,
+            target_address=node.gossip_address,
+            peers=peers,
+        )
+        report: dict[str, Any] = {"rate": step.rate, "signed": bool(self.cluster_keys)}
+        event["garbage"] = report
+        before = await self._dropped(name, report, "before")
         began = time.time()
-        await asyncio.sleep(1.0)  # let the fault be noticed first
-        deadline = began + self.settle_within
-        while time.time() < deadline:
-            unreachable = self.paused | self.isolated
-            settled = await asyncio.to_thread(self.cluster.settled, unreachable)
-            if settled:
-                event["settled_after_s"] = round(time.time() - began, 2)
-                return
+        try:
+            sent = await flood(maker, node.host, node.gossip_port, step.lasting, step.rate)
+        finally:
+            ended = time.time()
+            self.flooded.discard(name)
+        await asyncio.sleep(1.0)  # the last datagrams handled
+        after = await self._dropped(name, report, "after")
+        rise = {
+            reason: after[reason] - before.get(reason, 0.0)
+            for reason in sorted(after)
+            if after[reason] - before.get(reason, 0.0)
+        }
+        report.update(
+            # From the flood's start to GARBAGE_JUDGED after its end: a node
+            # the garbage stalled is declared dead seconds later.
+            judged=[round(began - self._started, 2), round(ended - self._started, 2)],
+            datagrams=sum(sent["datagrams"].values()),
+            sent=dict(sent["datagrams"].most_common()),
+            streams=dict(sent["streams"].most_common()),
+            regenerated=maker.regenerated,
+            dropped=rise,
+        )
+
+    async def _dropped(self, name: str, report: dict[str, Any], when: str) -> dict[str, float]:
+        try:
+            text = await asyncio.to_thread(self.cluster.metrics, name)
+        except (OSError, ValueError) as exc:
+            report[f"metrics_{when}"] = f"{type(exc).__name__}: {exc}"
+            return {}
+        return dropped(text)
+
+    def _judge_garbage(self) -> list[str]:
+        """Each flood's verdict, from the views sampled while it ran: no
+        other node that saw the target alive when the flood began declared
+        it dead (a node still counted dead after an earlier fault proves
+        nothing either way), and its dropped counters rose. Returns the
+        labels of the floods that failed."""
+        failed = []
+        for event in self.events:
+            report = event.get("garbage")
+            if report is None:
+                continue
+            if "judged" not in report:  # the flood never ran to its end
+                report["passed"] = False
+                failed.append(event["step"])
+                continue
+            start, end = report["judged"]
+            target = event["node"]
+            before = [s for s in self.samples if start - 3.0 <= s["t"] <= start]
+            already = {
+                viewer
+                for viewer, states in (before[-1]["not_alive"] if before else {}).items()
+                if target in states
+            }
+            seen: dict[str, set[str]] = {"dead": set(), "suspect": set()}
+            for sample in self.samples:
+                if start < sample["t"] <= end + GARBAGE_JUDGED:
+                    for viewer, states in sample.get("not_alive", {}).items():
+                        state = states.get(target)
+                        if viewer == target or viewer in already or state is None:
+                            continue
+                        seen["dead" if state in ("dead", "left") else "suspect"].add(viewer)
+            report["not_alive_to_at_start"] = sorted(already)
+            report["declared_dead_by"] = sorted(seen["dead"])
+            report["suspected_by"] = sorted(seen["suspect"])
+            report["passed"] = not seen["dead"] and sum(report["dropped"].values()) > 0
+            if not report["passed"]:
+                failed.append(event["step"])
+        return failed
+
+    async def _time_to_settle(self, event: dict[str, Any]) -> None:
+        """Wait until the cluster settles after ``event`` (or give up after
+        ``settle_within``) and note how long that took."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settling.append((event, time.time(), done))
+        await done
+
+    async def _settler(self) -> None:
+        """One poll of the cluster's state serves every event waiting to
+        settle (each poll asks every node for its view)."""
+        while True:
             await asyncio.sleep(0.5)
-        event["settled_after_s"] = None
+            now = time.time()
+            # Let the fault be noticed first.
+            due = [w for w in self._settling if now - w[1] >= 1.0]
+            settled = False
+            if due:
+                settled = await asyncio.to_thread(
+                    self.cluster.settled, self.paused | self.isolated, self.store_cut
+                )
+            now = time.time()
+            for waiter in list(self._settling):
+                event, began, done = waiter
+                if settled and waiter in due:
+                    event["settled_after_s"] = round(now - began, 2)
+                elif now - began > self.settle_within:
+                    event["settled_after_s"] = None
+                else:
+                    continue
+                self._settling.remove(waiter)
+                done.set_result(None)
 
     async def _sample(self, stop: asyncio.Event) -> None:
-        """Buckets held and alive members seen by every running node, each second."""
+        """Buckets held, alive members and the members not alive seen by
+        every running node, each second."""
         while not stop.is_set():
             sample: dict[str, Any] = {
                 "t": round(time.time() - self._started, 2),
                 "held": {},
                 "sees": {},
+                "not_alive": {},
             }
             for name in self._running():
                 try:
                     view = await asyncio.to_thread(self.cluster.cluster_view, name)
                     held = view["buckets"]["held"]
-                    sees = sum(1 for m in view["members"] if m["state"] == "alive")
+                    states = {m["id"]: m["state"] for m in view["members"]}
                 except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
                     continue
                 sample["held"][name] = held
-                sample["sees"][name] = sees
+                sample["sees"][name] = sum(1 for state in states.values() if state == "alive")
+                others = {m: state for m, state in states.items() if state != "alive"}
+                if others:
+                    sample["not_alive"][name] = others
             self.samples.append(sample)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -395,7 +631,7 @@ class Run:
         for name in self._running():
             url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
             try:
-                body = await asyncio.to_thread(get_json, url)
+                body = await asyncio.to_thread(get_json, url, self.cluster.headers)
             except (OSError, ValueError):  # down, or not JSON
                 continue
             if isinstance(body, dict) and "status" in body:
@@ -431,7 +667,7 @@ class Run:
         return {r[0] for r in replay.records}
 
     async def _faults(self) -> None:
-        for step in self.scenario.steps:
+        for step in self.steps:
             delay = self._started + step.at - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -446,11 +682,35 @@ class Run:
             if e["do"] == "crash-store" and "skipped" not in e
         ]
 
+    async def _admin_key(self) -> str:
+        """An admin tenant and its API key, made in the run's database (the
+        operator routes, /v1/cluster among them, need an admin's key)."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.cluster.mongo_uri, serverSelectionTimeoutMS=5000
+        )
+        tenants = TenantStore(client[self.cluster.database])
+        try:
+            for attempt in range(10):
+                try:
+                    return await tenants.add(
+                        Tenant(name=ADMIN_TENANT, admin=True), datetime.now(UTC)
+                    )
+                except StoreUnavailable:
+                    if attempt == 9:
+                        raise
+                    await asyncio.sleep(1.0)
+            raise AssertionError("unreachable")
+        finally:
+            await client.close()
+
     # -- the run -----------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
+        settler: asyncio.Task[None] | None = None
         try:
             self.cluster.start_servers()
+            if self.scenario.auth:
+                self.cluster.api_key = await self._admin_key()
             if self.cluster.durable_broker:
                 await broker_stores(self.cluster.kafka_bootstrap, 60)
             await asyncio.gather(
@@ -460,7 +720,10 @@ class Run:
             recorder = Recorder(self.cluster.kafka_bootstrap, self.topic, self.chains)
             await recorder.start()
             timeout = aiohttp.ClientTimeout(total=10)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            settler = asyncio.create_task(self._settler())
+            async with aiohttp.ClientSession(
+                timeout=timeout, headers=self.cluster.headers
+            ) as session:
                 self._started = time.time()
                 sampling_done = asyncio.Event()
                 sampler = asyncio.create_task(self._sample(sampling_done))
@@ -468,6 +731,7 @@ class Run:
             for name in list(self.paused):  # a pause longer than the run ends with it
                 self.cluster.resume(name)
                 self.paused.discard(name)
+            # Every step's aftermath: heals, restarts, floods, settling.
             await asyncio.gather(*self._background)
 
             # Waited for without the unanswered DELETEs: those are settled after.
@@ -482,13 +746,14 @@ class Run:
             await self._resolve_unknown_cancels()
             sampling_done.set()
             await sampler
+            garbage_failed = self._judge_garbage()
             await recorder.stop()
             deliveries = list(recorder.deliveries)
             kept = await self._replay(len(recorder.records))
             self.events.sort(key=lambda e: float(e["at"]))
             windows: list[Window] = []
             for event in self.events:
-                if "skipped" in event or event["do"] in ("start", "resume", "heal"):
+                if "skipped" in event or event["do"] in ("start", "resume", "heal", "reconnect"):
                     continue  # not a fault: no recovery allowance
                 event["window"] = len(windows)
                 # From a poll interval before (work already due when it hit)
@@ -512,6 +777,11 @@ class Run:
             )
             result.update(
                 scenario=self.scenario.name,
+                auth=self.scenario.auth,
+                cluster_keys=bool(self.cluster_keys),
+                skewed_at_end=dict(self.skewed),
+                garbage_failures=len(garbage_failed),
+                garbage_failed=garbage_failed,
                 chains=len(self.chains),
                 unfenced=self.unfenced,
                 network=self.network,
@@ -523,10 +793,12 @@ class Run:
                 events=self.events,
                 samples=self.samples,
                 started=self._started,
-                passed=passed(result),
             )
+            result["passed"] = passed(result)
             return result
         finally:
+            if settler is not None:
+                settler.cancel()
             self.cluster.close()
 
 
@@ -544,13 +816,15 @@ def render(result: dict[str, Any]) -> str:
         f"unanswered, asked again after the run), {result['refused']} refused, "
         f"{result['delivered']} delivered; accepted includes {result['occurrences']} "
         f"occurrences of {result['chains']} recurring schedules",
-        f"lost {result['lost']}, early {result['early']}, "
+        f"lost {result['lost']}, early {result['early']} "
+        f"(read before due {result.get('early_received', 0)}), "
         f"cancelled but delivered {result['cancelled_delivered']}, "
         f"duplicates {result['duplicates']} ({_kinds(result['duplicates_by_kind'])}), "
         f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}, "
         f"unexpected occurrences {result['unexpected_occurrences']}",
         *_duplicate_lines(result),
-        f"network: {result['network']}",
+        f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
+        f"cluster keys {'on' if result.get('cluster_keys') else 'off'}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",
     ]
@@ -565,14 +839,42 @@ def render(result: dict[str, Any]) -> str:
             line += f"  settled after {settled} s" if settled is not None else "  did not settle"
         if event.get("filter_not_set_on"):
             line += f"  (gossip filter not set on {', '.join(event['filter_not_set_on'])})"
+        if "clock_offset_s" in event:
+            line += f"  (store clock - its clock: {event['clock_offset_s']:+g} s)"
         lines.append(line)
+        if "garbage" in event:
+            lines.append(f"{'':13}{_garbage_line(event['garbage'])}")
         if "window" in event:
             window = result["windows"][event["window"]]
             lines.append(f"{'':13}lateness in its window: {ms(window['lateness_s'])}")
     for reason, count in result["refusals"].items():
         lines.append(f"refused after 6 tries ({count}): {reason}")
+    if result.get("garbage_failures"):
+        lines.append(
+            f"garbage gossip failed ({result['garbage_failures']}): the target was declared "
+            "dead, or its dropped-packet counters did not rise: "
+            + ", ".join(result["garbage_failed"])
+        )
     lines.append("PASSED" if result["passed"] else "FAILED: an invariant broke (see above)")
     return "\n".join(lines)
+
+
+def _garbage_line(report: dict[str, Any]) -> str:
+    """A flood's figures: what was sent, what the target counted dropped, verdict."""
+    if "passed" not in report:
+        return "garbage: not judged"
+    dropped = ", ".join(f"{k} {v:g}" for k, v in report.get("dropped", {}).items()) or "none"
+    streams = sum(report.get("streams", {}).values())
+    verdict = "kept alive" if report["passed"] else "FAILED"
+    if report.get("declared_dead_by"):
+        verdict += f", declared dead by {', '.join(report['declared_dead_by'])}"
+    if report.get("suspected_by"):
+        verdict += f", suspected by {', '.join(report['suspected_by'])}"
+    errors = [report[k] for k in ("metrics_before", "metrics_after") if k in report]
+    return (
+        f"garbage: {report.get('datagrams', 0)} datagrams, {streams} streams; dropped: "
+        f"{dropped}; {verdict}" + (f" ({'; '.join(errors)})" if errors else "")
+    )
 
 
 def _kinds(by_kind: dict[str, int]) -> str:

@@ -8,6 +8,8 @@ A file looks like::
       "nodes": 3,                     # node processes at the start
       "duration": 60,                 # seconds of load
       "rate": 50,                     # schedules posted per second
+      "auth": false,                  # true: AUTH=on, every call with an admin key
+      "cluster_keys": false,          # true: a fresh CLUSTER_KEYS key signs gossip
       "timeline": [
         {"at": 10, "do": "start"},                        # one more node
         {"at": 20, "do": "kill", "target": "random"},     # SIGKILL
@@ -17,19 +19,35 @@ A file looks like::
         {"at": 44, "do": "split", "for": 10},             # halves cut apart
         {"at": 45, "do": "crash-store", "for": 5},        # database SIGKILL, restart
         {"at": 48, "do": "crash-broker", "for": 5},       # Kafka SIGKILL, restart
+        {"at": 50, "do": "cut-store", "target": "random", "for": 10},  # that link only
+        {"at": 52, "do": "skew-clock", "target": "random", "seconds": 30},
+        {"at": 54, "do": "garbage-gossip", "target": "random", "for": 10, "rate": 100},
         {"at": 12, "every": 10, "until": 50, "do": "kill", "target": "random",
-         "restart": true}                                 # a node dies every 10 s
+         "restart": true},                                # a node dies every 10 s
+        {"at": 10, "every": 9, "until": 590, "do": "any", "kinds": ["kill", "pause"],
+         "for": 15}                                       # drawn per seed (``Draw``)
       ]
     }
 
 Validation happens at load time, so a typo in a scenario fails before any
 process starts, naming the file, the entry and the field.
+
+An ``any`` entry is a ``Draw``: at each of its times the run's seed picks
+one of ``kinds`` with parameters of its own (``Draw.steps``), so one file
+yields many timelines, each the same for the same seed. The drawing keeps
+faults from piling up: at most one node paused, isolated, cut off or
+flooded at a time (a split counts as one), one fault of the database and
+one of the broker at a time, one node joining, leaving or restarting at a
+time, and the node count between 3 and 5 (a stop waits until a node can
+go, a start until there is room).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +55,7 @@ SCENARIO_DIR = Path(__file__).parent / "scenarios"
 ACTIONS = (
     "start", "kill", "stop", "pause", "restart", "isolate", "split",
     "crash-store", "pause-broker", "crash-broker",
+    "cut-store", "cut-broker", "skew-clock", "garbage-gossip",
 )  # fmt: skip
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
@@ -58,7 +77,52 @@ FIELDS: dict[str, set[str]] = {
     # SIGKILL Kafka, restart it after "for" seconds. The run's broker then
     # keeps its topics in a disk-backed S3 store (chaos/objectstore.py).
     "crash-broker": {"for"},
+    # The node loses its route to the database only (or the broker only) for
+    # "for" seconds; it keeps its peers and the other server. Needs network
+    # namespaces: skipped without them.
+    "cut-store": {"target", "for"},
+    "cut-broker": {"target", "for"},
+    # Restart the node (gracefully) with its wall clock "seconds" off
+    # (CHAOS_CLOCK_SKEW); it stays off until a later step restarts it.
+    "skew-clock": {"target", "seconds"},
+    # Hostile datagrams and push-pull streams at the node's gossip port for
+    # "for" seconds, "rate" datagrams a second (default 100).
+    "garbage-gossip": {"target", "for", "rate"},
 }
+# Node faults that last: the node is out of the picture (or under attack)
+# until they end, so no other step picks it meanwhile.
+LASTING_NODE_FAULTS = ("pause", "isolate", "cut-store", "cut-broker", "garbage-gossip")
+GARBAGE_RATE = 100.0  # datagrams a second, when a garbage-gossip step names none
+
+# -- drawing (``any``) --------------------------------------------------------------
+# What each kind holds while it runs: one "node" fault at a time (a node
+# paused, isolated, cut off or flooded, or the cluster split), one fault of
+# the "store" and one of the "broker", and one node joining, leaving or
+# restarting ("churn").
+HOLDS: dict[str, tuple[str, ...]] = {
+    "pause": ("node",),
+    "isolate": ("node",),
+    "split": ("node",),
+    "garbage-gossip": ("node",),
+    "cut-store": ("node", "store"),
+    "cut-broker": ("node", "broker"),
+    "crash-store": ("store",),
+    "pause-broker": ("broker",),
+    "crash-broker": ("broker",),
+    "kill": ("churn",),
+    "restart": ("churn",),
+    "skew-clock": ("churn",),
+    "stop": ("churn",),
+    "start": ("churn",),
+}
+# Seconds a kind keeps holding after its outage ends: the cluster takes the
+# node back, or moves its buckets, before the next fault of the same sort.
+RECOVERY = {"node": 10.0, "store": 5.0, "broker": 5.0}
+CHURN = 8.0  # a node starting (or leaving) is ready (or gone) within this
+MIN_NODES, MAX_NODES = 3, 5  # drawn starts and stops keep the count in between
+DRAW_LONGEST = 15.0  # the longest node outage drawn, when an ``any`` names none
+# The shortest spacing a scaled-down ``any`` keeps (``Scenario.scaled``).
+MIN_EVERY = 4.0
 
 
 class ScenarioError(ValueError):
@@ -74,10 +138,17 @@ class Step:
     target: str = "random"  # a node name, or "random" among the running ones
     lasting: float = 0.0  # a pause, or a store outage, in seconds
     restart: bool = False  # after a kill: start a fresh node with the same name
+    skew: float = 0.0  # skew-clock: seconds the node's wall clock runs off
+    rate: float = 0.0  # garbage-gossip: datagrams a second
 
     @property
     def partitions(self) -> bool:
         return self.do in ("isolate", "split")
+
+    @property
+    def needs_namespaces(self) -> bool:
+        """Cuts links: real ones where network namespaces work."""
+        return self.partitions or self.do in ("cut-store", "cut-broker")
 
     @property
     def label(self) -> str:
@@ -91,10 +162,140 @@ class Step:
             return f"crash the broker for {self.lasting:g} s"
         if self.do == "split":
             return f"split the cluster for {self.lasting:g} s"
+        node = "a random node" if self.target == "random" else self.target
+        if self.do in ("cut-store", "cut-broker"):
+            server = "store" if self.do == "cut-store" else "broker"
+            return f"cut {node} from the {server} for {self.lasting:g} s"
+        if self.do == "skew-clock":
+            return f"restart {node} with its clock {self.skew:+g} s off"
+        if self.do == "garbage-gossip":
+            return f"garbage gossip at {node} for {self.lasting:g} s"
         what = f"{self.do} {self.target}"
         if self.do in ("pause", "isolate"):
             what += f" for {self.lasting:g} s"
         return what + (" and restart" if self.restart else "")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """An ``any`` entry: at ``at``, then every ``every`` s until ``until``,
+    a step of one of ``kinds`` drawn by the run's seed (``steps``)."""
+
+    at: float
+    every: float  # 0: once
+    until: float
+    kinds: tuple[str, ...]
+    longest: float = DRAW_LONGEST  # the longest node outage or flood drawn
+
+    @property
+    def times(self) -> list[float]:
+        times = [self.at]
+        while self.every and times[-1] + self.every <= self.until + 1e-9:
+            times.append(round(times[-1] + self.every, 6))
+        return times
+
+    def steps(self, rng: random.Random, *, nodes: int, fixed: Sequence[Step] = ()) -> list[Step]:
+        """One step per time, or none where nothing may start then.
+
+        The kinds are dealt like cards: shuffled, one deck after another, so
+        every kind comes up once per ``len(kinds)`` steps. A kind that may
+        not start now (what it would hold is busy then, or the node count
+        forbids it) waits at the head of the queue and the next one that
+        may goes first. ``fixed`` steps of the scenario hold what they hold
+        too, and their starts, stops and kills count."""
+        held: dict[str, list[tuple[float, float]]] = {}  # what -> intervals held
+        for fixed_step in fixed:
+            _hold(held, fixed_step)
+        low, high = min(MIN_NODES, nodes), max(MAX_NODES, nodes)
+        changes = [(s.at, _count_change(s)) for s in fixed if _count_change(s)]
+        queue: list[str] = []
+        drawn: list[Step] = []
+        for at in self.times:
+            if len(queue) < len(self.kinds):
+                queue.extend(_shuffled(rng, self.kinds))
+            count = nodes + sum(change for when, change in changes if when <= at)
+            step: Step | None = None
+            for attempt in range(2):
+                for index, kind in enumerate(queue):
+                    if (kind == "stop" and count <= low) or (kind == "start" and count >= high):
+                        continue
+                    candidate = self._one(rng, kind, at)
+                    if not _busy(held, candidate):
+                        step = candidate
+                        del queue[index]
+                        break
+                if step is not None or attempt:
+                    break
+                # Every kind waiting is blocked: deal the kinds not waiting
+                # (they go behind the blocked ones, so those keep their turn).
+                queue.extend(_shuffled(rng, [k for k in self.kinds if k not in queue]))
+            if step is None:
+                continue
+            _hold(held, step)
+            if _count_change(step):
+                changes.append((at, _count_change(step)))
+            drawn.append(step)
+        return drawn
+
+    def _one(self, rng: random.Random, kind: str, at: float) -> Step:
+        """A step of ``kind`` with parameters of its own."""
+        longest = self.longest
+
+        def seconds(low: float, high: float) -> float:
+            return round(rng.uniform(low, max(low, high)), 1)
+
+        if kind == "kill":
+            return Step(at, kind, restart=True)
+        if kind in ("pause", "isolate", "split", "cut-store", "cut-broker"):
+            return Step(at, kind, lasting=seconds(min(6.0, longest), longest))
+        if kind == "garbage-gossip":
+            return Step(at, kind, lasting=seconds(min(6.0, longest), longest), rate=GARBAGE_RATE)
+        if kind in ("crash-store", "crash-broker"):
+            return Step(at, kind, target="", lasting=seconds(2.0, min(6.0, longest)))
+        if kind == "pause-broker":
+            return Step(at, kind, target="", lasting=seconds(3.0, min(10.0, longest)))
+        if kind == "skew-clock":
+            return Step(at, kind, skew=rng.choice((-1, 1)) * rng.randint(5, 60))
+        if kind == "start":
+            return Step(at, kind, target="")
+        return Step(at, kind)  # stop, restart: a random node
+
+
+def _shuffled(rng: random.Random, kinds: Sequence[str]) -> list[str]:
+    deck = list(kinds)
+    rng.shuffle(deck)
+    return deck
+
+
+def _holding(step: Step) -> list[tuple[str, float]]:
+    """What ``step`` holds, and until when (from its start)."""
+    return [
+        (what, step.at + step.lasting + RECOVERY.get(what, CHURN))
+        for what in HOLDS.get(step.do, ())
+    ]
+
+
+def _busy(held: dict[str, list[tuple[float, float]]], step: Step) -> bool:
+    """True when something ``step`` would hold is held then already."""
+    return any(
+        start < until and step.at < end
+        for what, until in _holding(step)
+        for start, end in held.get(what, [])
+    )
+
+
+def _hold(held: dict[str, list[tuple[float, float]]], step: Step) -> None:
+    for what, until in _holding(step):
+        held.setdefault(what, []).append((step.at, until))
+
+
+def _count_change(step: Step) -> int:
+    """How the step changes the number of nodes."""
+    if step.do == "start":
+        return 1
+    if step.do == "stop" or (step.do == "kill" and not step.restart):
+        return -1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -105,18 +306,43 @@ class Scenario:
     duration: float
     rate: float
     steps: tuple[Step, ...]
+    draws: tuple[Draw, ...] = ()
+    auth: bool = False  # AUTH=on: every call with an admin tenant's API key
+    cluster_keys: bool = False  # CLUSTER_KEYS: gossip (and wake-up hints) signed
 
     def scaled(self, *, nodes: int | None, duration: float | None, rate: float | None) -> Scenario:
-        """The same faults at the same share of a longer or shorter run."""
+        """The same faults at the same share of a longer or shorter run.
+        Outages keep their length (a pause must still outlast the lease), so
+        an ``any`` keeps its spacing at MIN_EVERY at least: a shorter run
+        draws fewer steps."""
         factor = 1.0 if duration is None else duration / self.duration
-        return Scenario(
-            self.name,
-            self.description,
-            nodes or self.nodes,
-            duration or self.duration,
-            rate or self.rate,
-            tuple(Step(s.at * factor, s.do, s.target, s.lasting, s.restart) for s in self.steps),
+        return replace(
+            self,
+            nodes=nodes or self.nodes,
+            duration=duration or self.duration,
+            rate=rate or self.rate,
+            steps=tuple(replace(s, at=s.at * factor) for s in self.steps),
+            draws=tuple(
+                replace(
+                    d,
+                    at=d.at * factor,
+                    until=d.until * factor,
+                    every=max(d.every * factor, MIN_EVERY) if d.every else 0.0,
+                )
+                for d in self.draws
+            ),
         )
+
+    def timeline(self, seed: int) -> tuple[Step, ...]:
+        """Every step of a run with this seed: the fixed ones and the drawn
+        ones, in time order. The same seed draws the same timeline."""
+        rng = random.Random(f"timeline {seed}")
+        drawn = [
+            step
+            for draw in self.draws
+            for step in draw.steps(rng, nodes=self.nodes, fixed=self.steps)
+        ]
+        return tuple(sorted([*self.steps, *drawn], key=lambda s: s.at))
 
 
 def available() -> dict[str, Path]:
@@ -139,21 +365,33 @@ def load(name_or_path: str) -> Scenario:
     return parse(path.stem, data, where=str(path))
 
 
+TOP_FIELDS = {"description", "nodes", "duration", "rate", "timeline", "auth", "cluster_keys"}
+
+
 def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}: must be a JSON object")
-    unknown = set(data) - {"description", "nodes", "duration", "rate", "timeline"}
+    unknown = set(data) - TOP_FIELDS
     if unknown:
         raise ScenarioError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     nodes = _number(data, "nodes", where, low=1, high=20, integer=True)
     duration = _number(data, "duration", where, low=1, high=3600)
     rate = _number(data, "rate", where, low=0.1, high=10_000)
+    switches = {key: data.get(key, False) for key in ("auth", "cluster_keys")}
+    for key, value in switches.items():
+        if not isinstance(value, bool):
+            raise ScenarioError(f"{where}: {key} must be true or false, got {value!r}")
     timeline = data.get("timeline", [])
     if not isinstance(timeline, list):
         raise ScenarioError(f"{where}: timeline must be a list")
     steps: list[Step] = []
+    draws: list[Draw] = []
     for index, entry in enumerate(timeline):
-        steps.extend(_steps(entry, f"{where}: timeline[{index}]", duration))
+        at = f"{where}: timeline[{index}]"
+        if isinstance(entry, dict) and entry.get("do") == "any":
+            draws.append(_draw(entry, at, duration))
+        else:
+            steps.extend(_steps(entry, at, duration))
     return Scenario(
         name,
         str(data.get("description", "")),
@@ -161,7 +399,24 @@ def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
         duration,
         rate,
         tuple(sorted(steps, key=lambda s: s.at)),
+        tuple(draws),
+        auth=switches["auth"],
+        cluster_keys=switches["cluster_keys"],
     )
+
+
+def _times(entry: dict[str, Any], where: str, duration: float) -> tuple[float, float, float]:
+    """(at, every, until) of an entry; every 0 when it happens once."""
+    at = _number(entry, "at", where, low=0, high=duration)
+    if "every" in entry:
+        every = _number(entry, "every", where, low=1, high=3600)
+        until = (
+            _number(entry, "until", where, low=at, high=duration) if "until" in entry else duration
+        )
+        return at, every, until
+    if "until" in entry:
+        raise ScenarioError(f"{where}: 'until' needs 'every'")
+    return at, 0.0, at
 
 
 def _steps(entry: Any, where: str, duration: float) -> list[Step]:
@@ -169,11 +424,11 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
         raise ScenarioError(f"{where}: must be an object")
     do = entry.get("do")
     if do not in ACTIONS:
-        raise ScenarioError(f"{where}: 'do' must be one of {', '.join(ACTIONS)}, got {do!r}")
+        raise ScenarioError(f"{where}: 'do' must be one of {', '.join(ACTIONS)} or any, got {do!r}")
     unknown = set(entry) - {"at", "every", "until", "do"} - FIELDS[do]
     if unknown:
         raise ScenarioError(f"{where}: {do} takes no {', '.join(sorted(unknown))}")
-    at = _number(entry, "at", where, low=0, high=duration)
+    at, every, until = _times(entry, where, duration)
     target = entry.get("target", "random" if "target" in FIELDS[do] else "")
     if not isinstance(target, str) or (not target and "target" in FIELDS[do]):
         raise ScenarioError(f"{where}: target must be a node name or 'random'")
@@ -181,17 +436,39 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
     restart = entry.get("restart", False)
     if not isinstance(restart, bool):
         raise ScenarioError(f"{where}: restart must be true or false")
-    times = [at]
-    if "every" in entry:
-        every = _number(entry, "every", where, low=1, high=3600)
-        until = (
-            _number(entry, "until", where, low=at, high=duration) if "until" in entry else duration
+    skew = 0.0
+    if do == "skew-clock":
+        skew = _number(entry, "seconds", where, low=-86400, high=86400)
+        if skew == 0:
+            raise ScenarioError(f"{where}: seconds must not be 0 (no skew)")
+    rate = 0.0
+    if do == "garbage-gossip":
+        rate = (
+            _number(entry, "rate", where, low=1, high=10_000) if "rate" in entry else GARBAGE_RATE
         )
-        while times[-1] + every <= until:
-            times.append(times[-1] + every)
-    elif "until" in entry:
-        raise ScenarioError(f"{where}: 'until' needs 'every'")
-    return [Step(t, do, target, lasting, restart) for t in times]
+    times = [at]
+    while every and times[-1] + every <= until:
+        times.append(times[-1] + every)
+    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+
+
+def _draw(entry: dict[str, Any], where: str, duration: float) -> Draw:
+    unknown = set(entry) - {"at", "every", "until", "do", "kinds", "for"}
+    if unknown:
+        raise ScenarioError(f"{where}: any takes no {', '.join(sorted(unknown))}")
+    at, every, until = _times(entry, where, duration)
+    kinds = entry.get("kinds")
+    if not isinstance(kinds, list) or not kinds:
+        raise ScenarioError(f"{where}: kinds must be a non-empty list of actions")
+    for kind in kinds:
+        if kind not in ACTIONS:
+            raise ScenarioError(
+                f"{where}: kinds: {kind!r} is no action; one of {', '.join(ACTIONS)}"
+            )
+    if len(set(kinds)) != len(kinds):
+        raise ScenarioError(f"{where}: kinds: each kind once")
+    longest = _number(entry, "for", where, low=1, high=3600) if "for" in entry else DRAW_LONGEST
+    return Draw(at, every, until, tuple(kinds), longest)
 
 
 def _number(

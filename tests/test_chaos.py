@@ -28,8 +28,9 @@ def test_every_shipped_scenario_loads() -> None:
     for name in names:
         loaded = load(name)
         assert loaded.description
-        assert loaded.steps, name
-        assert all(0 <= s.at <= loaded.duration for s in loaded.steps)
+        timeline = loaded.timeline(seed=1)
+        assert timeline, name
+        assert all(0 <= s.at <= loaded.duration for s in timeline)
 
 
 def test_every_repeats_a_step_until_its_end() -> None:
@@ -276,15 +277,39 @@ def test_copies_recorded_without_a_digest_are_never_a_producer_retry() -> None:
 
 def test_a_producer_retry_does_not_hide_another_send_of_the_same_claim() -> None:
     # A resend inside the pause, and a third copy of that claim stamped
-    # later with no database crash between: one claim published twice.
+    # later, with another value and no database crash between: one claim
+    # published twice.
     copies = [
         Delivery("p", 5, 1, 125.5, "9f2c"),
         Delivery("p", 5, 1, 125.5, "9f2c"),
-        Delivery("p", 5, 1, 126.0, "9f2c"),
+        Delivery("p", 5, 1, 126.0, "77aa"),
     ]
     result = check({"p": 125.0}, set(), copies, broker_faults=[PAUSE])
     assert not passed(result)
     assert kind_of(result, "p") == ("same_claim", None)
+
+
+def test_a_claim_published_again_after_a_broker_fault_is_a_deferred_publish() -> None:
+    # The broker stored the copy sent during its fault, its answer was lost;
+    # the broker's trouble spends no attempt, so the node published the same
+    # claim again (a new record timestamp) once the broker was back.
+    cut = Window("cut node-3 from the broker for 10 s", 120.0, 151.0)
+    copies = [Delivery("d", 5, 1, 125.5, "9f2c"), Delivery("d", 5, 1, 160.0, "9f2c")]
+    result = check({"d": 125.0}, set(), copies, broker_faults=[cut])
+    assert passed(result)
+    assert kind_of(result, "d") == ("deferred_publish", cut.label)
+    assert result["duplicates_by_kind"]["deferred_publish"] == 1
+    # The earlier send outside every broker fault: nothing explains it.
+    early = [Delivery("d", 5, 1, 110.0, "9f2c"), Delivery("d", 5, 1, 160.0, "9f2c")]
+    assert kind_of(check({"d": 110.0}, set(), early, broker_faults=[cut]), "d") == (
+        "same_claim",
+        None,
+    )
+    # Another value, or none recorded: not the same record published again.
+    for digests in (("9f2c", "77aa"), (None, None)):
+        other = [Delivery("d", 5, 1, 125.5, digests[0]), Delivery("d", 5, 1, 160.0, digests[1])]
+        result = check({"d": 125.0}, set(), other, broker_faults=[cut])
+        assert not passed(result) and kind_of(result, "d") == ("same_claim", None)
 
 
 def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
@@ -340,6 +365,7 @@ def test_the_explained_duplicates_list_failures_first_and_stop_at_fifty() -> Non
         "owner_change": 60,
         "retried_publish": 0,
         "across_store_crash": 0,
+        "deferred_publish": 0,
         "producer_retry": 0,
         "same_claim": 1,
     }
