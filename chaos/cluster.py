@@ -242,6 +242,11 @@ class LocalCluster:
         view: dict[str, Any] = get_json(self.nodes[name].url + "/v1/cluster", self.headers)
         return view
 
+    def readiness(self, name: str) -> dict[str, Any]:
+        """The node's /readyz answer (200 or 503, the same shape)."""
+        answer: dict[str, Any] = get_json(self.nodes[name].url + "/readyz")
+        return answer
+
     def metrics(self, name: str) -> str:
         """The node's /metrics page (open to anyone, auth or not)."""
         with urllib.request.urlopen(self.nodes[name].url + "/metrics", timeout=5) as response:

@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
 
 from chaos.checker import Window, check, occurrence, passed
 from chaos.cluster import LocalCluster, get_json
@@ -500,21 +501,27 @@ class Run:
 
     async def _sample(self, stop: asyncio.Event) -> None:
         """Buckets held, alive members and the members not alive seen by
-        every running node, each second."""
+        every running node, and the readiness checks each one fails, each
+        second."""
         while not stop.is_set():
             sample: dict[str, Any] = {
                 "t": round(time.time() - self._started, 2),
                 "held": {},
                 "sees": {},
                 "not_alive": {},
+                "unready": {},
             }
             for name in self._running():
                 try:
                     view = await asyncio.to_thread(self.cluster.cluster_view, name)
                     held = view["buckets"]["held"]
                     states = {m["id"]: m["state"] for m in view["members"]}
+                    checks = (await asyncio.to_thread(self.cluster.readiness, name))["checks"]
                 except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
                     continue
+                failing = sorted(check for check, ok in checks.items() if not ok)
+                if failing:
+                    sample["unready"][name] = failing
                 sample["held"][name] = held
                 sample["sees"][name] = sum(1 for state in states.values() if state == "alive")
                 others = {m: state for m, state in states.items() if state != "alive"}
@@ -703,6 +710,39 @@ class Run:
         finally:
             await client.close()
 
+    def _note_unready(self) -> None:
+        """For each lasting fault, the readiness checks the nodes failed
+        while it lasted (from the samples): what an operator's probes saw."""
+        for event in self.events:
+            if not event["lasting"] or "skipped" in event:
+                continue
+            start, end = event["at"], event["at"] + event["lasting"]
+            seen: dict[str, set[str]] = {}
+            for sample in self.samples:
+                if start <= sample["t"] <= end:
+                    for name, failing in sample.get("unready", {}).items():
+                        for check in failing:
+                            seen.setdefault(check, set()).add(name)
+            event["unready"] = {check: sorted(names) for check, names in sorted(seen.items())}
+
+    async def _statuses(self) -> dict[str, int]:
+        """How many schedules the store holds in each status at the end (a
+        DELIVERY_FAILED one is a schedule given up on, whatever Kafka got)."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.cluster.mongo_uri, serverSelectionTimeoutMS=5000
+        )
+        try:
+            rows = await (
+                await client[self.cluster.database].schedules.aggregate(
+                    [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+                )
+            ).to_list()
+        except PyMongoError as exc:  # a figure for the report, not a verdict
+            return {f"unknown ({type(exc).__name__})": 0}
+        finally:
+            await client.close()
+        return {str(row["_id"]): int(row["n"]) for row in sorted(rows, key=lambda r: str(r["_id"]))}
+
     # -- the run -----------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
@@ -747,6 +787,8 @@ class Run:
             sampling_done.set()
             await sampler
             garbage_failed = self._judge_garbage()
+            self._note_unready()
+            statuses = await self._statuses()
             await recorder.stop()
             deliveries = list(recorder.deliveries)
             kept = await self._replay(len(recorder.records))
@@ -780,6 +822,7 @@ class Run:
                 auth=self.scenario.auth,
                 cluster_keys=bool(self.cluster_keys),
                 skewed_at_end=dict(self.skewed),
+                statuses=statuses,
                 garbage_failures=len(garbage_failed),
                 garbage_failed=garbage_failed,
                 chains=len(self.chains),
@@ -827,6 +870,8 @@ def render(result: dict[str, Any]) -> str:
         f"cluster keys {'on' if result.get('cluster_keys') else 'off'}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",
+        "schedules in the store at the end: "
+        + (", ".join(f"{k} {v}" for k, v in result.get("statuses", {}).items()) or "none"),
     ]
     for event in result["events"]:
         settled = event.get("settled_after_s")
@@ -844,6 +889,9 @@ def render(result: dict[str, Any]) -> str:
         lines.append(line)
         if "garbage" in event:
             lines.append(f"{'':13}{_garbage_line(event['garbage'])}")
+        if event.get("unready"):
+            failing = "; ".join(f"{k} on {', '.join(v)}" for k, v in event["unready"].items())
+            lines.append(f"{'':13}/readyz failed meanwhile: {failing}")
         if "window" in event:
             window = result["windows"][event["window"]]
             lines.append(f"{'':13}lateness in its window: {ms(window['lateness_s'])}")

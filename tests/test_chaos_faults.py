@@ -576,3 +576,26 @@ def test_a_record_read_before_it_was_due_is_early_whatever_its_timestamp_says() 
     assert (result["early"], result["early_received_ids"]) == (0, ["a"])
     on_time = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.01, received=100.05)])
     assert passed(on_time) and on_time["early_received"] == 0
+
+
+# -- what /readyz said during each fault -----------------------------------------
+
+
+def test_each_lasting_fault_notes_the_readiness_checks_that_failed_while_it_lasted(
+    tmp_path: Path,
+) -> None:
+    run = Run(load("zombie-pause"), tmp_path, seed=1)
+    outage = {"at": 10.0, "do": "crash-broker", "step": "crash the broker", "lasting": 20.0}
+    kill = {"at": 12.0, "do": "kill", "step": "kill node-2", "lasting": 0.0}
+    skipped = {"at": 5.0, "do": "cut-store", "step": "cut", "lasting": 9.0, "skipped": "no"}
+    run.events = [outage, kill, skipped]
+    run.samples = [
+        {"t": 9.0, "unready": {"node-3": ["store"]}},  # before the outage: not its doing
+        {"t": 11.0, "unready": {"node-1": ["broker"]}},
+        {"t": 25.0, "unready": {"node-1": ["broker"], "node-2": ["broker", "store"]}},
+        {"t": 31.0, "unready": {"node-3": ["broker"]}},  # after it ended
+        {"t": 29.0},  # a sample from before readiness was sampled
+    ]
+    run._note_unready()
+    assert outage["unready"] == {"broker": ["node-1", "node-2"], "store": ["node-2"]}
+    assert "unready" not in kill and "unready" not in skipped
