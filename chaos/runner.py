@@ -516,12 +516,17 @@ class Run:
                     view = await asyncio.to_thread(self.cluster.cluster_view, name)
                     held = view["buckets"]["held"]
                     states = {m["id"]: m["state"] for m in view["members"]}
-                    checks = (await asyncio.to_thread(self.cluster.readiness, name))["checks"]
+                    failing = await self._failing_checks(name)
                 except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
                     continue
-                failing = sorted(check for check, ok in checks.items() if not ok)
                 if failing:
                     sample["unready"][name] = failing
+            # A node cut from the store takes no calls (its views read the
+            # store) but still answers its probes, which should say so.
+            for name in sorted(self.store_cut):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    if failing := await self._failing_checks(name):
+                        sample["unready"][name] = failing
                 sample["held"][name] = held
                 sample["sees"][name] = sum(1 for state in states.values() if state == "alive")
                 others = {m: state for m, state in states.items() if state != "alive"}
@@ -709,6 +714,10 @@ class Run:
             raise AssertionError("unreachable")
         finally:
             await client.close()
+
+    async def _failing_checks(self, name: str) -> list[str]:
+        checks = (await asyncio.to_thread(self.cluster.readiness, name))["checks"]
+        return sorted(check for check, ok in checks.items() if not ok)
 
     def _note_unready(self) -> None:
         """For each lasting fault, the readiness checks the nodes failed
