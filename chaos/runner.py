@@ -521,17 +521,17 @@ class Run:
                     continue
                 if failing:
                     sample["unready"][name] = failing
+                sample["held"][name] = held
+                sample["sees"][name] = sum(1 for state in states.values() if state == "alive")
+                others = {m: state for m, state in states.items() if state != "alive"}
+                if others:
+                    sample["not_alive"][name] = others
             # A node cut from the store takes no calls (its views read the
             # store) but still answers its probes, which should say so.
             for name in sorted(self.store_cut):
                 with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                     if failing := await self._failing_checks(name):
                         sample["unready"][name] = failing
-                sample["held"][name] = held
-                sample["sees"][name] = sum(1 for state in states.values() if state == "alive")
-                others = {m: state for m, state in states.items() if state != "alive"}
-                if others:
-                    sample["not_alive"][name] = others
             self.samples.append(sample)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
