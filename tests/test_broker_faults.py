@@ -100,7 +100,12 @@ async def test_a_broker_outage_spends_no_attempt_and_readyz_says_so(
         assert status == 201  # the broker's outage does not stop intake
 
     async def deferred() -> bool:
-        return await metric(node, 'scheduler_deliveries_total{outcome="deferred"}') >= 1
+        # The counter moves before the batch is put back and claiming paused
+        # (the gauge): wait for both, then look.
+        return (
+            await metric(node, 'scheduler_deliveries_total{outcome="deferred"}') >= 1
+            and await metric(node, "scheduler_broker_available") == 0
+        )
 
     await wait_until(deferred, within=60, what="the poller to find the broker down")
     status, ready = await node.request("GET", "/readyz")
