@@ -71,6 +71,8 @@ GARBAGE_JUDGED = 5.0
 CLOCK_OFFSET = re.compile(r"^scheduler_clock_offset_seconds\s+([0-9.eE+-]+)\s*$", re.M)
 # With AUTH=on, the tenant whose key every call of the run carries.
 ADMIN_TENANT = "chaos-admin"
+# The longest wait between two tries of a POST that a 503 asked for.
+RETRY_AFTER_CAP = 2.0
 # Duplicated units printed with their copies (summary.json lists more).
 SHOWN_DUPLICATES = 20
 
@@ -551,15 +553,20 @@ class Run:
                 await asyncio.sleep(0.2)
                 continue
             url = self.cluster.nodes[self.rng.choice(nodes)].url
+            wait = 0.1
             try:
                 async with session.post(url + "/v1/schedules", json=body) as r:
                     if r.status in (200, 201):
                         self.accepted[schedule_id] = execute_at.timestamp()
                         break
                     last = f"HTTP {r.status} {(await r.text())[:200]}"
+                    # A client keeps the API's contract: a 503 says when to
+                    # come back (a store restarting takes seconds, and six
+                    # tries 0.1 s apart gave up inside one).
+                    wait = _retry_after(r.headers.get("Retry-After"), wait)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 last = f"{type(exc).__name__} {exc}"[:200]
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(wait)
         else:
             self.refusals[last] += 1
             return
@@ -852,6 +859,14 @@ class Run:
             if settler is not None:
                 settler.cancel()
             self.cluster.close()
+
+
+def _retry_after(header: str | None, default: float) -> float:
+    """Seconds a Retry-After header asks for (at most RETRY_AFTER_CAP)."""
+    try:
+        return min(RETRY_AFTER_CAP, max(default, float(header))) if header else default
+    except ValueError:
+        return default
 
 
 def render(result: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from chaos.garbage import (
     dropped,
 )
 from chaos.report import render_html
-from chaos.runner import Run, render
+from chaos.runner import RETRY_AFTER_CAP, Run, _retry_after, render
 from chaos.scenario import (
     ACTIONS,
     HOLDS,
@@ -599,3 +599,11 @@ def test_each_lasting_fault_notes_the_readiness_checks_that_failed_while_it_last
     run._note_unready()
     assert outage["unready"] == {"broker": ["node-1", "node-2"], "store": ["node-2"]}
     assert "unready" not in kill and "unready" not in skipped
+
+
+def test_a_503_s_retry_after_paces_the_runner_s_next_try_within_a_cap() -> None:
+    assert _retry_after("1", 0.1) == 1.0
+    assert _retry_after("30", 0.1) == RETRY_AFTER_CAP
+    assert _retry_after(None, 0.1) == 0.1
+    assert _retry_after("soon", 0.1) == 0.1
+    assert _retry_after("0", 0.1) == 0.1
