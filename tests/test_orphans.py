@@ -128,3 +128,56 @@ async def test_a_lost_reply_between_claim_and_completion_strands_nothing(
             for d in await mongo.schedules.find({"_id": {"$in": ids}}).to_list()
         }
         assert set(attempts.values()) == {1}, attempts
+
+
+class LapsesOnce:
+    """The node's leases, but the first check after a claim finds the lease
+    not usable, as when its local deadline passed while the claim waited on
+    a slow store and a renew then kept it under the same token. (Timing a
+    real renew to land exactly there cannot be done on demand.)"""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lapsed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def is_usable(self, bucket: int, token: int) -> bool:
+        if not self.lapsed:
+            self.lapsed += 1
+            return False
+        return bool(self.inner.is_usable(bucket, token))
+
+
+async def test_a_batch_abandoned_for_a_lapsed_lease_kept_under_its_token_is_put_back(
+    start_node: NodeFactory, servers: EmbeddedServers, database_name: str, mongo: Any
+) -> None:
+    """Soak seed 3 lost s15862 this way: claimed, abandoned ("lease gone
+    mid-batch"), and left IN_FLIGHT under token 18, which its owner held to
+    the end of the run: recovery only takes schedules of older tokens."""
+    topic = unique("lapsed")
+    node = Node(make_config(servers, database_name, poll_interval="0.2"))
+    lapsing = LapsesOnce(node.poller.leases)
+    node.poller.leases = lapsing  # type: ignore[assignment]
+    handle = await start_node(node)
+    due = (datetime.now(UTC) + timedelta(milliseconds=300)).isoformat().replace("+00:00", "Z")
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        status, body = await handle.request(
+            "POST",
+            "/v1/schedules",
+            json={"id": "lapsed", "topic": topic, "executeAt": due, "payload": 1},
+        )
+        assert status == 201, body
+
+        async def delivered() -> bool:
+            doc = await mongo.schedules.find_one({"_id": "lapsed"})
+            await reader.poll()
+            return doc is not None and doc["status"] == "DELIVERED" and "lapsed" in reader.by_id()
+
+        await wait_until(delivered, within=30, what="the abandoned schedule delivered")
+    assert lapsing.lapsed == 1
+    doc = await mongo.schedules.find_one({"_id": "lapsed"})
+    assert doc is not None
+    assert doc["attempts"] == 1  # put back undid the abandoned claim's count
+    assert len(reader.by_id()["lapsed"]) == 1

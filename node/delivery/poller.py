@@ -373,13 +373,20 @@ class BucketPoller:
         self.metrics.store_seconds.labels("claim").observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(claimed))
         # The claim may have waited; publish nothing for a lease that could
-        # have expired meanwhile. Its next owner recovers those schedules.
-        live = [c for c in claimed if self.leases.is_usable(c.bucket, c.token)]
-        if len(live) < len(claimed):
-            self.metrics.deliveries.labels("abandoned").inc(len(claimed) - len(live))
-            log.warning(
-                "lease gone mid-batch (expired or handed over)", abandoned=len(claimed) - len(live)
-            )
+        # have expired meanwhile. Put those back, fenced by their token: if
+        # the bucket has a new owner this matches nothing (the new owner
+        # recovers them, their token being older than its own); if the lease
+        # only lapsed here and a renew then kept it under the same token, no
+        # other owner ever will, and they would stay IN_FLIGHT for good.
+        live: list[Claimed] = []
+        abandoned: list[Claimed] = []
+        for claim in claimed:
+            (live if self.leases.is_usable(claim.bucket, claim.token) else abandoned).append(claim)
+        if abandoned:
+            self._unclaimed.extend(abandoned)
+            self.book.stale({c.bucket for c in abandoned})
+            self.metrics.deliveries.labels("abandoned").inc(len(abandoned))
+            log.warning("lease gone mid-batch (expired or handed over)", abandoned=len(abandoned))
         try:
             live = await self._skip_misfired(live)
             records = [build_record(c.doc, c.token, c.attempt) for c in live]
