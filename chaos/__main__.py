@@ -1,4 +1,4 @@
-"""``python -m chaos list | run SCENARIO | rebalance``."""
+"""``python -m chaos list | run SCENARIO | rebalance | broker-check``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chaos import rebalance, runner, scenario
+from chaos import brokercheck, rebalance, runner, scenario
 
 
 def main() -> int:
@@ -43,7 +43,19 @@ def main() -> int:
     run.add_argument(
         "--keep", type=Path, default=None, help="keep node logs and data in this directory"
     )
+    probe = commands.add_parser(
+        "broker-check", help="do concurrent producers lose acknowledged records?"
+    )
+    probe.add_argument("--producers", type=int, default=4)
+    probe.add_argument("--records", type=int, default=300, help="per producer and round")
+    probe.add_argument("--rounds", type=int, default=5)
+    probe.add_argument("--memory", action="store_true", help="Tansu in memory, not over S3")
+    probe.add_argument("--kafka-bootstrap", default=None, help="check this Kafka instead")
     args = parser.parse_args()
+    if args.command == "broker-check":
+        return brokercheck.main(
+            args.producers, args.records, args.rounds, args.memory, args.kafka_bootstrap
+        )
     if args.command == "list":
         for name, path in scenario.available().items():
             print(f"{name:<18} {scenario.load(str(path)).description}")

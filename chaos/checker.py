@@ -53,6 +53,14 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   schedules due before the new owner's first delivery: never flagged.)
 * vanished: seen in the topic during the run, gone when a fresh reader
   reads it again at the end (the broker lost an acknowledged record);
+* offsets reused: a partition:offset the reader was served twice with
+  different records. Kafka never gives one offset to two records; a broker
+  that does has overwritten one of them, so an acknowledged record may be
+  gone before anybody read it. Not an invariant of this system (a broker
+  fault), so it fails no run: it is the evidence that tells a record the
+  broker dropped from one the scheduler never sent. The embedded durable
+  broker does it under concurrent producers (Tansu 0.6 over SeaweedFS: its
+  offsets are taken with conditional writes to the object store);
 * lateness (first delivery - executeAt) overall and inside each fault's
   window, from the fault to the end of its recovery allowance.
 
@@ -190,6 +198,7 @@ def check(
     window whose start is the kill and whose label names it);
     ``broker_faults``: the windows of the broker's pauses, crashes and cuts,
     inside which a producer may have resent a batch the broker had stored."""
+    deliveries = _once_each(deliveries)
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
@@ -219,6 +228,7 @@ def check(
             lateness.append((execute_at, max(0.0, first - execute_at)))
     stale = _stale_claims(accepted, deliveries, buckets)
     vanished = sorted(set(by_id) - kept) if kept is not None else []
+    reused = _offsets_reused(deliveries)
     outside = [late for due, late in lateness if not any(w.start <= due <= w.end for w in windows)]
     return {
         "accepted": len(accepted),
@@ -234,6 +244,7 @@ def check(
         **_counted("duplicates_same_claim", same_claim),
         "duplicates_across_store_crash": by_kind[ACROSS_STORE_CRASH],
         **_counted("vanished", vanished),
+        **_counted("offsets_reused", reused),
         **_counted("stale_claims", stale),
         "unknown_deliveries": len(set(by_id) - set(accepted)),
         **_counted(
@@ -342,6 +353,38 @@ def _as_window(crash: float | Window) -> Window:
     if isinstance(crash, Window):
         return crash
     return Window(f"database crash at {crash:.3f}", crash, crash)
+
+
+def _once_each(deliveries: Sequence[Delivery]) -> list[Delivery]:
+    """One record read twice (a reader that fetched an offset again) is one
+    delivery, not a duplicate: the same unit and bytes at the same offset."""
+    seen: set[tuple[str, str | None, int, int]] = set()
+    kept: list[Delivery] = []
+    for delivery in deliveries:
+        if delivery.partition is not None and delivery.offset is not None:
+            key = (delivery.schedule_id, delivery.digest, delivery.partition, delivery.offset)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(delivery)
+    return kept
+
+
+def _offsets_reused(deliveries: Iterable[Delivery]) -> list[str]:
+    """The partition:offset positions served with two different records (a
+    unit or a value digest apart). Reading one record twice is no reuse."""
+    first: dict[tuple[int, int], tuple[str, str | None]] = {}
+    reused: set[tuple[int, int]] = set()
+    for delivery in deliveries:
+        if delivery.partition is None or delivery.offset is None:
+            continue
+        where = (delivery.partition, delivery.offset)
+        if first.setdefault(where, (delivery.schedule_id, delivery.digest)) != (
+            delivery.schedule_id,
+            delivery.digest,
+        ):
+            reused.add(where)
+    return [f"{partition}:{offset}" for partition, offset in sorted(reused)]
 
 
 def _counted(name: str, ids: list[str]) -> dict[str, Any]:

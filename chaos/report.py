@@ -62,6 +62,10 @@ def render_html(result: dict[str, Any]) -> str:
         ),
         ("stale claims (two owners at once)", result["stale_claims"]),
         ("gone from the topic by the end", result["vanished"]),
+        (
+            "offsets the broker gave two records (a broker fault: judged in no run)",
+            result.get("offsets_reused", 0),
+        ),
         ("unexpected occurrences (a chain doubled or drifted)", result["unexpected_occurrences"]),
         (
             "garbage gossip floods failed (target declared dead, or nothing dropped)",

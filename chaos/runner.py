@@ -889,6 +889,7 @@ def render(result: dict[str, Any]) -> str:
         f"duplicates {result['duplicates']} ({_kinds(result['duplicates_by_kind'])}), "
         f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}, "
         f"unexpected occurrences {result['unexpected_occurrences']}",
+        *_broker_reuse_lines(result),
         *_duplicate_lines(result),
         f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
         f"cluster keys {'on' if result.get('cluster_keys') else 'off'}",
@@ -951,6 +952,20 @@ def _garbage_line(report: dict[str, Any]) -> str:
 
 def _kinds(by_kind: dict[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in by_kind.items())
+
+
+def _broker_reuse_lines(result: dict[str, Any]) -> list[str]:
+    """Say so when the broker served one offset with two records: it may have
+    overwritten an acknowledged one, which then reads as lost."""
+    reused = result.get("offsets_reused", 0)
+    if not reused:
+        return []
+    shown = ", ".join(result["offsets_reused_ids"][:10])
+    return [
+        f"the broker served {reused} offsets with two different records ({shown}"
+        f"{', ...' if reused > 10 else ''}): it gave an offset twice, so a record it "
+        "acknowledged may have been overwritten before it was read"
+    ]
 
 
 def _duplicate_lines(result: dict[str, Any]) -> list[str]:

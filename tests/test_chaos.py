@@ -544,3 +544,24 @@ def test_a_server_fault_takes_an_outage_and_no_target(do: str, label: str) -> No
 def test_crash_store_takes_no_target() -> None:
     with pytest.raises(ScenarioError, match="crash-store takes no target"):
         parse("c", scenario(timeline=[{"at": 20, "do": "crash-store", "for": 5, "target": "x"}]))
+
+
+def test_an_offset_served_with_two_records_is_reported_and_fails_no_run() -> None:
+    deliveries = [
+        Delivery("a", 1, 1, 100.1, digest="d1", partition=0, offset=7),
+        Delivery("a", 1, 1, 100.1, digest="d1", partition=0, offset=7),  # read twice: no reuse
+        Delivery("b", 1, 1, 100.2, digest="d2", partition=0, offset=8),
+        Delivery("c", 2, 1, 100.3, digest="d3", partition=0, offset=8),  # offset 8 given twice
+        Delivery("d", 1, 1, 100.4, digest="d4", partition=1, offset=8),  # another partition
+    ]
+    accepted = {unit: 100.0 for unit in "abcd"}
+    result = check(accepted, set(), deliveries)
+    assert (result["offsets_reused"], result["offsets_reused_ids"]) == (1, ["0:8"])
+    assert (result["delivered"], result["duplicates"]) == (4, 0)  # a's second read is one record
+    assert passed(result)
+    result.update(
+        scenario="s", seed=1, unfenced=False, refused=0, chains=0, network="loopback",
+        events=[], refusals={}, started=95.0, passed=True,
+    )  # fmt: skip
+    text = render(result)
+    assert "the broker served 1 offsets with two different records (0:8)" in text
