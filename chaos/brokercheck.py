@@ -9,12 +9,10 @@ scheduler out of the question: N producers (acks=all, one record per
 request) write one partition at once, then a reader reads it whole and
 compares with what was acknowledged.
 
-Against the embedded durable broker (Tansu 0.6 keeping its topics in
-SeaweedFS, what ``crash-broker`` needs) it shows offsets given twice in
-every round and, in some rounds, acknowledged records gone: Tansu takes an
-offset with a conditional write to the object store, and under concurrent
-producers two of them can win. In memory (``--memory``) it keeps every
-record; so should any real Kafka (``--kafka-bootstrap``).
+By default it checks the embedded durable broker (Tansu 0.6 keeping its
+topics in SeaweedFS, what ``crash-broker`` needs); ``--memory`` the
+in-memory one, ``--kafka-bootstrap`` any Kafka. A broker fit for the chaos
+verdicts reports 0 missing and 0 offsets given to two records.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,9 @@ from chaos import objectstore
 from node.ops import embedded
 
 HOST = "127.0.0.1"
+# Seconds without a new record after which the reader stops: past the
+# embedded broker's metadata cache (5 s).
+QUIET = 8.0
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,20 @@ async def one_round(bootstrap: str, topic: str, producers: int, records: int) ->
     partition = TopicPartition(topic, 0)
     reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await reader.start()
+    values: list[str] = []
+    offsets: Counter[int] = Counter()
     try:
         reader.assign([partition])
         await reader.seek_to_beginning(partition)
-        end = (await reader.end_offsets([partition]))[partition]
-        values: list[str] = []
-        offsets: Counter[int] = Counter()
-        while await reader.position(partition) < end:
-            for batch in (await reader.getmany(partition, timeout_ms=2000)).values():
+        # Not up to the end offset the broker reports: Tansu over object
+        # storage caches it for a few seconds, and a reader stopping there
+        # would call records missing that are only not yet counted. Read
+        # until everything acknowledged is there or nothing new comes.
+        quiet_since = time.monotonic()
+        while not acknowledged <= set(values) and time.monotonic() - quiet_since < QUIET:
+            for batch in (await reader.getmany(partition, timeout_ms=500)).values():
+                if batch:
+                    quiet_since = time.monotonic()
                 values += [(r.value or b"").decode() for r in batch]
                 offsets.update(r.offset for r in batch)
     finally:
