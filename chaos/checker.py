@@ -25,13 +25,14 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
     and attempt number;
   - ``deferred_publish``: one (token, attempt), sent again later (another
     record timestamp), every earlier send inside a broker fault (paused,
-    crashed or cut off). The broker stored the record but its answer was
-    lost to the fault; the node took that for the broker's trouble, which
-    spends no attempt (the claim is undone, the schedule back to PENDING),
-    and published it again under the same attempt once the broker answered
-    (never within DEFERRED_MIN_GAP: the first send had to fail first, and a
-    record the broker stored and never answered fails by a timeout or the
-    broker's restart);
+    crashed or cut off by the runner, or stalled on its own while the nodes'
+    /readyz said so: ``chaos.runner.broker_stalls``). The broker stored the
+    record but its answer was lost to the fault; the node took that for the
+    broker's trouble, which spends no attempt (the claim is undone, the
+    schedule back to PENDING), and published it again under the same attempt
+    once the broker answered (never within DEFERRED_MIN_GAP: the first send
+    had to fail first, and a record the broker stored and never answered
+    fails by a timeout or the broker's restart);
   - ``producer_retry``: one (token, attempt), copies with the same value
     digest and the same record timestamp, that timestamp inside a broker
     fault (paused, crashed or cut off). The producer resent a request whose

@@ -27,7 +27,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -62,6 +62,12 @@ CHAIN_EVERY = 2.0  # seconds
 # Faults of the broker: inside their windows a producer may resend a batch
 # the stalled broker had stored after all (``chaos.checker``: producer_retry).
 BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
+# The broker may also stall on its own (the embedded one does, for tens of
+# seconds under load): a send it never answered fails after the producer's
+# request timeout (10 s), and only then does the node's /readyz say
+# `broker: false`. A stall seen so counts as a broker fault from this long
+# before the first sample that showed it.
+STALL_LEAD = 12.0
 SERVER_FAULTS = ("crash-store", "pause-broker", "crash-broker")
 # A flood of garbage gossip is judged from its start to this long after its
 # end: a node the garbage had stalled is declared dead seconds later.
@@ -828,9 +834,12 @@ class Run:
                 kept=kept,
                 store_crashes=self._store_crashes(),
                 broker_faults=[
-                    windows[e["window"]]
-                    for e in self.events
-                    if e["do"] in BROKER_FAULTS and "window" in e
+                    *(
+                        windows[e["window"]]
+                        for e in self.events
+                        if e["do"] in BROKER_FAULTS and "window" in e
+                    ),
+                    *broker_stalls(self.samples, self._started),
                 ],
             )
             result.update(
@@ -952,6 +961,27 @@ def _garbage_line(report: dict[str, Any]) -> str:
 
 def _kinds(by_kind: dict[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in by_kind.items())
+
+
+def broker_stalls(samples: Sequence[dict[str, Any]], started: float) -> list[Window]:
+    """The spells in which some node's /readyz said the broker was not
+    answering, injected or not, as windows (epoch seconds) that open
+    STALL_LEAD before the first sample that showed one and close a second
+    after the last. Samples come once a second; a gap of more than two
+    closes a spell."""
+    spells: list[list[float]] = []
+    for sample in samples:
+        if not any("broker" in failing for failing in sample.get("unready", {}).values()):
+            continue
+        at = float(sample["t"])
+        if spells and at - spells[-1][1] <= 2.0:
+            spells[-1][1] = at
+        else:
+            spells.append([at, at])
+    return [
+        Window("broker stalled (/readyz)", started + first - STALL_LEAD, started + last + 1.0)
+        for first, last in spells
+    ]
 
 
 def _broker_reuse_lines(result: dict[str, Any]) -> list[str]:

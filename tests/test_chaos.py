@@ -11,7 +11,7 @@ import pytest
 
 from chaos.checker import Delivery, Window, check, occurrence, passed
 from chaos.report import render_html
-from chaos.runner import render
+from chaos.runner import STALL_LEAD, broker_stalls, render
 from chaos.scenario import ScenarioError, available, load, parse
 from ring import bucket_for
 
@@ -565,3 +565,33 @@ def test_an_offset_served_with_two_records_is_reported_and_fails_no_run() -> Non
     )  # fmt: skip
     text = render(result)
     assert "the broker served 1 offsets with two different records (0:8)" in text
+
+
+def test_a_broker_stall_the_nodes_saw_explains_a_deferred_publish() -> None:
+    """Soak seed 1: the embedded broker stopped answering for ~40 s with no
+    fault injected; a node's send timed out after 10 s (deferred, no attempt
+    spent) and went again under the same claim once the broker was back.
+    The nodes' /readyz said `broker: false` meanwhile: that is the fault."""
+    started = 1000.0
+    samples: list[dict[str, Any]] = [
+        {"t": 440.0, "unready": {}},
+        *({"t": float(t), "unready": {"node-7": ["broker"]}} for t in range(452, 483)),
+        {"t": 484.0, "unready": {"node-4": ["store"]}},  # another check: not the broker
+        {"t": 500.0, "unready": {"node-2": ["broker", "store"]}},  # a second, short spell
+    ]
+    stalls = broker_stalls(samples, started)
+    assert [(w.start, w.end) for w in stalls] == [
+        (started + 452 - STALL_LEAD, started + 483.0),
+        (started + 500 - STALL_LEAD, started + 501.0),
+    ]
+    copies = [
+        Delivery("chain1@x", 17, 1, started + 442.133, "f6fc", 0, 4252),
+        Delivery(
+            "chain1@x", 17, 1, started + 483.310, "f6fc", 0, 4006
+        ),  # the stalled send landed last
+    ]
+    accepted = {"chain1@x": started + 442.0}
+    assert not passed(check(accepted, set(), copies))  # no fault known: a double claim
+    result = check(accepted, set(), copies, broker_faults=stalls)
+    assert result["duplicates_by_kind"]["deferred_publish"] == 1
+    assert passed(result)

@@ -350,7 +350,7 @@ class BucketPoller:
                 self._unclaimed = claims + self._unclaimed
                 raise
             self.book.stale({c.bucket for c in claims})
-            log.warning("put back what a failed claim may have taken", restored=restored)
+            log.warning("put back claims never published", restored=restored, of=len(claims))
 
     async def _deliver(self, due: list[dict[str, Any]], tokens: dict[int, int]) -> None:
         now = self.wall()
