@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import AsyncMongoClient
 
 from node.delivery.outcomes import Rules
 from node.errors import BucketCountMismatch
+from node.ops import embedded
 from node.process import Node
 from node.schedule.retry import DEFAULT_POLICY
 from node.store.schedules import ScheduleStore
 from ring import bucket_for
-from tests.conftest import EmbeddedServers, make_config
+from tests.conftest import HOST, EmbeddedServers, make_config, start_mongo
 
 RULES = Rules(DEFAULT_POLICY, timedelta(seconds=60))
 
@@ -165,3 +168,35 @@ async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo
     await mongo.schedules.insert_many(docs)
     assert await store.due_backlog(range(16), now) == {1: 2, 2: 1}
     assert await store.due_backlog([2, 3], now) == {2: 1}  # its own buckets only
+
+
+async def test_a_mark_acknowledged_just_before_the_store_dies_survives_it(tmp_path: Path) -> None:
+    """Soak seed 2 left s16692 IN_FLIGHT for good: its mark (w: 1) was
+    acknowledged, the database was SIGKILLed before journaling it, and the
+    claim it undid came back under a token its owner held to the end. Every
+    write that takes a schedule out of IN_FLIGHT is now journaled first."""
+    data = tmp_path / "crash"
+    process, port = start_mongo(data)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        embedded.mongo_uri(HOST, port), tz_aware=True
+    )
+    try:
+        store = ScheduleStore(client["crash"], 16)
+        now = datetime.now(UTC).replace(microsecond=0)
+        docs = [
+            {"_id": f"m{i}", "bucket": bucket_for(f"m{i}", 16), "status": "PENDING",
+             "token": 0, "dueAt": now}
+            for i in range(200)
+        ]  # fmt: skip
+        await store._durable.insert_many(docs)
+        claimed = await store.claim(docs, dict.fromkeys(range(16), 3), "me", now)
+        assert len(claimed) == len(docs)
+        assert await store.complete([RULES.delivered(c, now) for c in claimed]) == len(docs)
+        process.kill()  # SIGKILL at once: nothing flushed on the way out
+        process.wait()
+        process, _ = start_mongo(data, port)
+        statuses = await client["crash"].schedules.distinct("status")
+        assert statuses == ["DELIVERED"]
+    finally:
+        await client.close()
+        embedded.stop(process)

@@ -82,8 +82,13 @@ class ScheduleStore:
             write_concern=DURABLE
         )
         # What the API acknowledges must survive a crash of the database (and
-        # a failover, on a replica set): journaled, on a majority. Claims and
-        # marks need not be: losing one only means delivering again.
+        # a failover, on a replica set): journaled, on a majority. So must
+        # every write that takes a schedule out of IN_FLIGHT (a mark, a put
+        # back, a recovery): lost after its acknowledgement (w: 1 rolled
+        # back in a failover, or not yet journaled when the server died), it
+        # leaves the schedule IN_FLIGHT under a token its owner may hold for
+        # good, and nothing would ever look at it again. A claim may be
+        # lost: the schedule is PENDING again and delivered again at worst.
         self._durable = self.schedules.with_options(write_concern=DURABLE)
         self._inserts = GroupInserter(self._durable)
 
@@ -376,7 +381,7 @@ class ScheduleStore:
         )
         if not ops:
             return 0
-        result = await self.schedules.bulk_write(ops, ordered=False)
+        result = await self._durable.bulk_write(ops, ordered=False)
         return result.modified_count
 
     @store_call
@@ -402,7 +407,7 @@ class ScheduleStore:
         ]
         if not ops:
             return 0
-        return (await self.schedules.bulk_write(ops, ordered=False)).modified_count
+        return (await self._durable.bulk_write(ops, ordered=False)).modified_count
 
     @store_call
     async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
@@ -436,7 +441,7 @@ class ScheduleStore:
             )
             for s in stale
         ]
-        await self.schedules.bulk_write(ops, ordered=False)
+        await self._durable.bulk_write(ops, ordered=False)
         return [str(s["_id"]) for s in stale]
 
     def _one(self, schedule_id: str) -> dict[str, Any]:
