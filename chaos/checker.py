@@ -19,10 +19,10 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
     was reported failed (timed out) though the broker had stored it, or its
     completion write was lost, and it published again on a later attempt;
   - ``across_store_crash``: one (token, attempt), the copies on both sides
-    of a database crash. Claims and completions are acknowledged before
-    they are journaled (losing one only means delivering again), so after
-    the crash the owner claims the same schedule again with the same token
-    and attempt number;
+    of a database crash. A claim is acknowledged before it is journaled
+    (losing one only means delivering again; marks are journaled first), so
+    after the crash the owner claims the same schedule again with the same
+    token and attempt number;
   - ``deferred_publish``: one (token, attempt), sent again later (another
     record timestamp), every earlier send inside a broker fault (paused,
     crashed or cut off by the runner, or stalled on its own while the nodes'
@@ -270,7 +270,9 @@ def check(
 
 def passed(result: Mapping[str, Any]) -> bool:
     """The invariants that must hold whatever the faults (and, where a run
-    judged them, its floods of garbage gossip: ``garbage_failures``)."""
+    judged them, its floods of garbage gossip: ``garbage_failures``; where
+    it read the store at the end, the schedules still IN_FLIGHT then:
+    ``stranded``, held by no round and owed a delivery or a mark for good)."""
     return all(
         result[key] == 0
         for key in (
@@ -282,7 +284,7 @@ def passed(result: Mapping[str, Any]) -> bool:
             "vanished",
             "unexpected_occurrences",
         )
-    ) and all(result.get(key, 0) == 0 for key in ("early_received", "garbage_failures"))
+    ) and all(result.get(key, 0) == 0 for key in ("early_received", "garbage_failures", "stranded"))
 
 
 def _explain(

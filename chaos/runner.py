@@ -848,6 +848,7 @@ class Run:
                 cluster_keys=bool(self.cluster_keys),
                 skewed_at_end=dict(self.skewed),
                 statuses=statuses,
+                stranded=statuses.get("IN_FLIGHT", 0),
                 garbage_failures=len(garbage_failed),
                 garbage_failed=garbage_failed,
                 chains=len(self.chains),

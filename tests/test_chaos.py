@@ -595,3 +595,9 @@ def test_a_broker_stall_the_nodes_saw_explains_a_deferred_publish() -> None:
     result = check(accepted, set(), copies, broker_faults=stalls)
     assert result["duplicates_by_kind"]["deferred_publish"] == 1
     assert passed(result)
+
+
+def test_a_schedule_left_in_flight_at_the_end_fails_the_run() -> None:
+    result = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.1)])
+    assert passed({**result, "stranded": 0})
+    assert not passed({**result, "stranded": 1})  # delivered, but its mark is owed for good
