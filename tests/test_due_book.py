@@ -87,7 +87,7 @@ def test_a_full_read_is_followed_by_the_next_as_soon_as_its_work_is_taken() -> N
         store.pending[f"s{i}"] = doc(f"s{i}", 1, 0.0)
     reads = round_(book, store, 0.0)
     assert [r.limit for r in reads] == [2, 2]  # the budget, shared
-    assert book.saturated
+    assert book.hiding(at(0.0)) == [1]
     assert book.frontier() == at(0.0)
     first = book.due(at(0.0))
     assert len(first) == 2
@@ -167,3 +167,22 @@ def test_nothing_is_missed_when_hints_are_lost() -> None:
             assert seen[name] - owed <= REFRESH + step + 1e-9, (name, owed, seen[name])
     # Idle reads: about one per bucket per refresh interval, plus the hinted ones.
     assert store.reads < 8 * 60 / REFRESH * 2
+
+
+def test_only_a_full_view_of_due_work_may_hide_other_due_work() -> None:
+    book, store = DueBook(refresh=REFRESH, budget=4, min_read=2), Store()
+    book.sync({1: 1, 2: 1, 3: 1})
+    for i in range(3):
+        store.pending[f"due{i}"] = doc(f"due{i}", 1, 0.0)  # more due than a read takes
+    store.pending["soon0"] = doc("soon0", 2, 0.0)
+    for i in range(3):
+        store.pending[f"soon{i + 1}"] = doc(f"soon{i + 1}", 2, 0.5)  # full, read ahead
+    store.pending["one"] = doc("one", 3, 0.0)  # all of it read
+    reads = round_(book, store, 0.0)
+    assert [r.limit for r in reads] == [2, 2, 2]
+    # Bucket 2's view ends past now: everything of it due by now is in hand.
+    assert book.hiding(at(0.0)) == [1]
+    # Once its read-ahead work is due, it may hide more.
+    assert book.hiding(at(0.5)) == [1, 2]
+    book.taken(book.due(at(0.5)))
+    assert book.hiding(at(0.5)) == []

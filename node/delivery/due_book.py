@@ -166,11 +166,18 @@ class DueBook:
             if view is not None:
                 view.docs = [d for d in view.docs if str(d["_id"]) not in ids]
 
-    @property
-    def saturated(self) -> bool:
-        """Some bucket has more due work than its view holds: other tenants'
-        schedules may wait behind one tenant's backlog there."""
-        return any(view.full for view in self._views.values())
+    def hiding(self, now: datetime) -> list[int]:
+        """The buckets that may hold schedules due by ``now`` that their views
+        do not: a full view whose schedules are all due. Other tenants' due
+        work may wait there behind one tenant's backlog. A full view whose
+        last schedule is due later holds every schedule of its bucket due by
+        ``now`` (a read returns the earliest first), so it hides nothing: a
+        backlog in the future, or work read ahead, costs no lookup."""
+        return sorted(
+            bucket
+            for bucket, view in self._views.items()
+            if view.full and view.docs and _due(view.docs[-1]) <= now
+        )
 
     def frontier(self) -> datetime | None:
         """The latest due time up to which the book holds every due schedule

@@ -229,7 +229,7 @@ class BucketPoller:
         started = time.perf_counter()
         await self._read(self.book.reads(now, monotonic, self.poll_interval))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
-        batch = await self._choose(now, tokens)
+        batch = await self._choose(now)
         if batch:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
@@ -249,11 +249,12 @@ class BucketPoller:
 
         await asyncio.gather(*(one(read) for read in reads))
 
-    async def _choose(self, now: datetime, tokens: dict[int, int]) -> list[dict[str, Any]]:
+    async def _choose(self, now: datetime) -> list[dict[str, Any]]:
         """This round's batch: the due work in the book, shared fairly among
-        tenants (earliest first within each). When a view is full, other
-        tenants' work may wait behind it in that bucket: the tenants absent
-        from the pool are asked for their own earliest due work."""
+        tenants (earliest first within each). When a full view holds only
+        due work, other tenants' work may wait behind it in that bucket: the
+        tenants absent from the pool are asked for their own earliest due
+        work there."""
         pool = self.book.due(now)
         tenants = await self._tenants()
         if tenants is None:
@@ -263,12 +264,13 @@ class BucketPoller:
             # still unread behind a full view.
             frontier = self.book.frontier()
             return [d for d in pool if frontier is None or by_due(d) <= frontier][: self.batch_size]
-        if self.book.saturated and tenants:
+        hiding = self.book.hiding(now)
+        if hiding and tenants:
             present = {d.get("tenant") for d in pool}
             others = [t for t in tenants if t not in present]
             if others:
                 seen = {d["_id"] for d in pool}
-                extra = await self.store.oldest_due_of(others, now, tokens, self.batch_size)
+                extra = await self.store.oldest_due_of(others, now, hiding, self.batch_size)
                 pool += [d for d in extra if d["_id"] not in seen]
         return fair_share(pool, self.batch_size)
 

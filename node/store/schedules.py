@@ -268,7 +268,8 @@ class ScheduleStore:
         """Each tenant's earliest PENDING schedules of ``buckets`` due by
         ``until`` (the first MAX_TENANTS_PER_ROUND tenants: callers rotate
         the list), at most ``limit`` each. Asked only for tenants absent from
-        a saturated view, that is with little due work.
+        the due work read, that is with little of it, and only for the
+        buckets whose views may hide some (``DueBook.hiding``).
 
         One range of ``{tenant, status, bucket, dueAt}`` per bucket, merged
         by due time: a real MongoDB reads ``limit`` entries at most. The due
