@@ -122,8 +122,8 @@ def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
         "bursts": [row(1, 20000, 100, 8.0, 1.0, 0.5), row(2, 20000, 90, 8.8, 1.1, 0.6),
                    row(3, 20000, 120, 9.5, 1.3, 0.4)],
         "firsts": [row(1, 2000, 100, 8, 1.0, 0.7), row(3, 2000, 100, 8, 1.0, 1.4)],
-        "empty": {"idle_ops_per_s": 100.0, "burst": {"records_per_s": 100.0}},
-        "backlog": {"idle_ops_per_s": 130.0, "burst": {"records_per_s": 90.0}},
+        "empty": {"idle_ops_per_s": 100.0, "records_per_s": 100.0},
+        "backlog": {"idle_ops_per_s": 130.0, "records_per_s": 90.0},
     }  # fmt: skip
     result["ratios"] = ratios(result)
     assert result["ratios"]["throughput_over_one_node"] == {1: 1.0, 2: 0.9, 3: 1.2}
