@@ -1,7 +1,9 @@
 """``python -m bench ring``: balance and movement of the bucket placements.
 
-For B buckets and N = 2..128 members (``--quick``: 2..50), named node-0 ..
-node-(N-1), for plain ketama and for the bounded rendezvous placement in use:
+For B = 256 (the default ``BUCKETS``) and B = 4096 (what the README
+recommends for clusters past 32 nodes) buckets and N = 2..128 members
+(``--quick``: 2..50), named node-0 .. node-(N-1), for plain ketama and for
+the bounded rendezvous placement in use:
 
 * balance: the busiest member's buckets over the mean B/N. The aim is at most
   1.25, that is at most ``floor(1.25 B/N)`` buckets for anyone; where
@@ -90,6 +92,10 @@ def _met(row: dict[str, Any], name: str) -> bool:
 
 
 def render(result: dict[str, Any]) -> str:
+    return "\n\n".join(_render_run(run) for run in result["runs"])
+
+
+def _render_run(result: dict[str, Any]) -> str:
     rows, bucket_count = result["rows"], result["buckets"]
     names = [name for name, _ in PLACEMENTS]
     lines = [
@@ -138,7 +144,14 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The default, and a count that leaves a member of 128 some 32 buckets: with
+# fewer than about 8 per member, balance within 1.25x cannot be had at all
+# (at B = 256 a member of 107..127 holds 2 or 3, where 3 is up to 1.46x the
+# mean), and near 8-16 a newcomer's share varies by more than half of it.
+BUCKET_COUNTS = (256, 4096)
+
+
 def measure(quick: bool) -> dict[str, Any]:
-    bucket_count = 256
     sizes = list(range(2, 51)) if quick else list(range(2, 129))
-    return {"suite": "ring", "buckets": bucket_count, "rows": placements(bucket_count, sizes)}
+    runs = [{"buckets": b, "rows": placements(b, sizes)} for b in BUCKET_COUNTS]
+    return {"suite": "ring", "runs": runs}

@@ -30,8 +30,10 @@ def test_the_command_line_writes_a_suites_figures(tmp_path: Path) -> None:
     assert "== ring ==" in run.stdout and "balance" in run.stdout
     figures = json.loads(out.read_text())
     assert figures["quick"] is True
-    rows = figures["suites"]["ring"]["rows"]
-    assert [r["members"] for r in rows] == list(range(2, 51))
+    runs = figures["suites"]["ring"]["runs"]
+    assert [run["buckets"] for run in runs] == [256, 4096]
+    for run in runs:
+        assert [r["members"] for r in run["rows"]] == list(range(2, 51))
 
 
 def test_an_unknown_suite_is_refused() -> None:
