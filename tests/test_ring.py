@@ -107,6 +107,19 @@ def test_past_32_members_no_join_moves_more_than_5_times_the_ideal(n: int) -> No
     assert join_x(n) <= 5
 
 
+@pytest.mark.parametrize("n", [33, 64, 100, 127])
+def test_with_about_20_buckets_a_member_every_aim_holds_past_32_members(n: int) -> None:
+    # What the README's sizing advice rests on (python -m bench ring checks
+    # every N from 2 to 128; these are sizes where B = 256 misses).
+    big = 4096
+    now = bounded(members(n), big)
+    assert max(Counter(now).values()) <= math.floor(BALANCE_AIM * big / n)
+    assert moved(now, bounded(members(n + 1), big)) * (n + 1) <= JOIN_AIM
+    for leaver in (members(n)[0], members(n)[n // 2], members(n)[-1]):
+        rest = [m for m in members(n) if m != leaver]
+        assert moved(now, bounded(rest, big)) * n <= JOIN_AIM
+
+
 def test_diff_names_what_a_member_gains_and_loses() -> None:
     before, after = bounded(members(4), B), bounded(members(5), B)
     for member in members(4):
