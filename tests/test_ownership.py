@@ -131,11 +131,10 @@ async def test_a_crashed_node_s_buckets_move_after_expiry_and_nothing_is_lost(
     async with TopicReader(servers.kafka_bootstrap, topic) as reader:
         try:
             await reader.wait_for(len(ids), within=60)
-        finally:
-            by_id = reader.by_id()
-            missing = sorted(set(ids) - set(by_id))
+        except AssertionError as timed_out:
             # Where each missing one stands: a DELIVERED one the reader never
             # saw points at the broker, a PENDING one at the takeover.
+            missing = sorted(set(ids) - set(reader.by_id()))
             stored = [
                 d
                 for d in await mongo.schedules.find(
@@ -143,7 +142,8 @@ async def test_a_crashed_node_s_buckets_move_after_expiry_and_nothing_is_lost(
                 ).to_list()
                 if public_id(d["_id"]) in missing
             ]
-            print("missing from the topic:", missing, "stored as:", stored)
+            raise AssertionError(f"{timed_out}; missing {missing}, stored as {stored}") from None
+        by_id = reader.by_id()
     assert sorted(by_id) == sorted(ids)  # none lost
 
     async def all_marked() -> bool:

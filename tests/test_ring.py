@@ -110,7 +110,7 @@ def test_past_32_members_no_join_moves_more_than_5_times_the_ideal(n: int) -> No
 @pytest.mark.parametrize("n", [33, 64, 100, 127])
 def test_with_about_20_buckets_a_member_every_aim_holds_past_32_members(n: int) -> None:
     # What the README's sizing advice rests on (python -m bench ring checks
-    # every N from 2 to 128; these are sizes where B = 256 misses).
+    # every N from 2 to 128; at B = 256, 64, 100 and 127 miss).
     big = 4096
     now = bounded(members(n), big)
     assert max(Counter(now).values()) <= math.floor(BALANCE_AIM * big / n)
