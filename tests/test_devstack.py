@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import queue
-import random
 import re
 import signal
 import socket
@@ -31,22 +29,8 @@ from tests.conftest import TopicReader, wait_until
 pytestmark = pytest.mark.slow
 
 
-def below_ephemeral_ports() -> int:
-    """The first port the kernel hands out to client sockets and to bind(0).
-
-    Ports picked below it cannot be taken between the check and the bind by
-    a node's outgoing connections or by a free_port() for another server."""
-    with contextlib.suppress(OSError, ValueError):
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    return 32_768
-
-
 def consecutive_free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
-    for _ in range(200):
-        base = random.randint(10_000, below_ephemeral_ports() - count)
-        if not any(embedded.port_taken("127.0.0.1", base + i, kind) for i in range(count)):
-            return base
-    raise RuntimeError("no free port range")
+    return embedded.consecutive_free_ports(count, (kind,))
 
 
 class DevProcess:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import time
@@ -17,15 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 def free_base(count: int) -> int:
-    for _ in range(200):
-        base = random.randint(20_000, 60_000)
-        if not any(
-            embedded.port_taken("127.0.0.1", base + i, kind)
-            for i in range(count)
-            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)
-        ):
-            return base
-    raise RuntimeError("no free port range")
+    # Below the ephemeral range: the suite's store and broker clients take
+    # ephemeral ports all the time, and one taken between the check and an
+    # agent's bind left that agent dead on arrival.
+    return embedded.consecutive_free_ports(count, (socket.SOCK_STREAM, socket.SOCK_DGRAM))
 
 
 @pytest.fixture
@@ -36,6 +30,10 @@ def cluster_factory():  # type: ignore[no-untyped-def]
         cluster = RealCluster(size, preset, free_base(size))
         clusters.append(cluster)
         assert cluster.wait(cluster.all_alive, 60), "agents did not form one cluster"
+        # all_alive judges the running agents only: one that could not bind
+        # its port would make a later wait on its view fail for nothing.
+        exited = {m: a.process.poll() for m, a in cluster.agents.items()}
+        assert all(code is None for code in exited.values()), f"agents exited: {exited}"
         return cluster
 
     yield make
@@ -53,7 +51,9 @@ def test_killed_member_is_declared_dead_by_all_and_nobody_else(cluster_factory) 
     cluster = cluster_factory(5, "fast")
     cluster.agents["a3"].kill()
     others = ["a0", "a1", "a2", "a4"]
-    assert cluster.wait(lambda: all(cluster.views[o].get("a3") == "dead" for o in others), 60)
+    assert cluster.wait(lambda: all(cluster.views[o].get("a3") == "dead" for o in others), 60), {
+        o: (cluster.views[o].get("a3"), cluster.agents[o].process.poll()) for o in others
+    }
     dead = {member for _observer, member in deaths(cluster)}
     assert dead <= {"a3"}
     assert all(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -59,6 +60,29 @@ def port_taken(host: str, port: int, kind: socket.SocketKind = socket.SOCK_STREA
         except OSError:
             return True
     return False
+
+
+def below_ephemeral_ports() -> int:
+    """The first port the kernel hands out to client sockets and to bind(0).
+
+    Ports picked below it cannot be taken between the check and the bind by
+    the outgoing connections of a node or test, or by a free_port() for
+    another server."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32_768
+
+
+def consecutive_free_ports(
+    count: int, kinds: tuple[socket.SocketKind, ...] = (socket.SOCK_STREAM,)
+) -> int:
+    """The first of ``count`` consecutive ports free for every kind in
+    ``kinds``, below the ephemeral range (servers that take a base port)."""
+    for _ in range(200):
+        base = random.randint(10_000, below_ephemeral_ports() - count - 1)
+        if not any(port_taken("127.0.0.1", base + i, kind) for i in range(count) for kind in kinds):
+            return base
+    raise EmbeddedError(f"no {count} consecutive free ports below the ephemeral range")
 
 
 def wait_for_port(
