@@ -101,6 +101,20 @@ class NotCancellable(SchedulerError, code="not_cancellable", status_hint=409):
     when waiting can help: an occurrence of a recurring schedule in flight)."""
 
 
+class InvalidState(ScheduleConflict, code="invalid_state", status_hint=409):
+    """The verb does not apply to the status the schedule is in (resume a
+    DELIVERED one, redrive one that has not failed)."""
+
+
+class ScheduleInFlight(InvalidState, code="in_flight", status_hint=409, retriable=True):
+    """An owner holds it IN_FLIGHT right now; a moment later it is PENDING
+    again (a recurring schedule, a retry) or final."""
+
+
+class VersionMismatch(SchedulerError, code="version_mismatch", status_hint=412):
+    """If-Match named a version the schedule is no longer at."""
+
+
 class TopicNotAllowed(SchedulerError, code="topic_not_allowed", status_hint=403):
     """The topic is outside the tenant's allowed prefixes."""
 

@@ -96,7 +96,8 @@ class NodeMetrics:
             "Publish outcomes: delivered, retried, failed, deferred (the broker could not take "
             "it: back to PENDING, no attempt spent), abandoned (lease lost mid-batch), "
             "fenced (published, but a newer owner had taken over), skipped (a missed "
-            "occurrence of a recurring schedule under the skip policy)",
+            "occurrence of a recurring schedule under the skip policy), expired (a one-shot "
+            "past its deadline, expireAfter, ended EXPIRED unpublished)",
             ["outcome"],
             registry=r,
         )

@@ -60,6 +60,13 @@ async def test_the_page_shows_three_members_and_follows_a_kill(tmp_path: Path) -
             )
             assert owners == 3
             assert "schedules" in (await page.locator("#backlog-total").text_content() or "")
+            # Counts by status, every status named, from this node's buckets.
+            await page.wait_for_function(
+                "document.getElementById('status-counts').textContent.includes('buckets)')",
+                timeout=WAIT_MS,
+            )
+            counts = await page.locator("#status-counts").text_content() or ""
+            assert all(f"{status} " in counts for status in ("PENDING", "PAUSED", "EXPIRED"))
 
             cluster.kill("node-3")
             # The page refreshes by itself: node-3 leaves the alive set, and

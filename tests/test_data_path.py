@@ -30,10 +30,17 @@ from tests.test_delivery import FailingPublisher
 from tests.test_recurring import stamp
 
 BUCKETS = 16
-# The two queries that span every bucket by nature, and why: a tenant's
+# The queries that span every bucket by nature, and why: a tenant's
 # schedules hash to every bucket. Listing them (GET /v1/schedules pages by
-# tenant and _id) and counting its PENDING ones (its max-pending quota).
-SPANNING = ("list a tenant's schedules", "count a tenant's PENDING schedules")
+# tenant, in _id or due order, filtered), counting its live ones (its
+# max-pending quota, and a listing's counts per status), and finding the
+# ones a bulk cancel's selector matches (the cancel itself names buckets).
+SPANNING = (
+    "list a tenant's schedules",
+    "count a tenant's schedules",
+    "find a tenant's schedules a selector matches",
+)
+_LISTING_FIELDS = {"tenant", "status", "_id", "labels", "key", "topic", "dueAt", "$or"}
 
 
 class Recorder(monitoring.CommandListener):
@@ -75,14 +82,16 @@ def spanning(name: str, command: dict[str, Any]) -> str | None:
     if name not in ("find", "aggregate"):
         return None
     [query] = filters(name, command) or [{}]
-    if (
-        name == "find"
-        and set(query) <= {"tenant", "status", "_id"}
-        and command.get("sort") == {"_id": 1}
-    ):
-        return SPANNING[0]
-    if name == "aggregate" and set(query) == {"tenant", "status"}:
+    if not set(query) <= _LISTING_FIELDS:
+        return None
+    if name == "find" and command.get("sort") in ({"_id": 1}, {"dueAt": 1, "_id": 1}):
+        return SPANNING[0]  # an operator's listing (auth off) may span every tenant too
+    if "tenant" not in query:
+        return None
+    if name == "aggregate" and "status" in query:
         return SPANNING[1]
+    if name == "find" and command.get("projection") == {"bucket": 1}:
+        return SPANNING[2]
     return None
 
 
@@ -151,6 +160,19 @@ async def test_every_command_on_schedules_names_its_bucket(
         assert (await handle.request("GET", "/v1/schedules/plain/history"))[0] == 200
         assert (await handle.request("GET", "/v1/schedules?limit=2"))[0] == 200
         assert (await handle.request("DELETE", "/v1/schedules/to-cancel"))[0] == 200
+        # The verbs after "schedule it", each on one schedule (and so its bucket).
+        await post({"id": "verbs", "topic": topic, "executeAt": later, "payload": 1,
+                    "labels": {"group": "g1"}})  # fmt: skip
+        for method, path, body in [
+            ("PATCH", "/v1/schedules/verbs", {"executeAt": stamp(now + timedelta(hours=2))}),
+            ("POST", "/v1/schedules/verbs:pause", None),
+            ("POST", "/v1/schedules/verbs:resume", None),
+            ("GET", "/v1/schedules?tenant=default&label=group=g1&counts=true", None),
+            ("GET", "/v1/schedules?tenant=default&status=PENDING&dueBefore=" + later, None),
+            ("POST", "/v1/schedules:cancel", {"labels": {"group": "g1"}}),
+        ]:
+            status, answer = await handle.request(method, path, json=body)
+            assert status == 200, (method, path, answer)
 
         async def lived() -> bool:
             docs = {d["_id"]: d for d in await mongo.schedules.find({}).to_list()}
@@ -165,6 +187,15 @@ async def test_every_command_on_schedules_names_its_bucket(
         await wait_until(
             lived, within=60, what="delivery, a retry, a dead letter, a recovery, a chain"
         )
+        node.publisher.failures = {}  # type: ignore[attr-defined]
+        assert (await handle.request("POST", "/v1/schedules/dead:retry"))[0] == 200
+        assert (await handle.request("POST", "/v1/schedules/chain:trigger"))[0] == 200
+
+        async def redriven() -> bool:
+            doc = await mongo.schedules.find_one({"_id": "dead"})
+            return bool(doc["status"] == "DELIVERED")
+
+        await wait_until(redriven, what="the redriven schedule to be delivered")
     finally:
         recorder.active = False
     kinds = {name for name, _ in recorder.commands}
@@ -180,7 +211,7 @@ async def test_every_command_on_schedules_names_its_bucket(
             if "bucket" not in query:
                 unnamed.append((name, query))
     assert unnamed == [], unnamed
-    assert seen_spanning == {SPANNING[0]}  # the list; no quota was configured
+    assert seen_spanning == set(SPANNING)
 
 
 async def test_an_ended_schedule_is_removed_after_the_retention_a_live_one_never(

@@ -152,6 +152,8 @@ def test_document_and_public_view() -> None:
         "key": "k",
         "headers": {"trace": "t1"},
         "createdAt": "2030-01-01T12:00:00.000Z",
+        "labels": {},
+        "version": 1,
         "payload": [1, "two"],
     }
 

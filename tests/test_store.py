@@ -60,6 +60,10 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
         "bucket_status_due",
         "tenant_status_bucket_due",
         "by_tenant_id",
+        "by_tenant_label",
+        "by_tenant_key",
+        "by_tenant_topic",
+        "by_tenant_status_due",
         "expire",
     }
 

@@ -119,6 +119,7 @@ def build_app(context: ApiContext) -> web.Application:
     )
     app[CONTEXT] = context
     app[cluster.BACKLOG] = cluster.Backlog()
+    app[cluster.COUNTS] = cluster.StatusCounts()
     app.router.add_routes(schedules.routes)
     app.router.add_routes(cluster.routes)
     if context.config.chaos_mode != "off":

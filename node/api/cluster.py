@@ -25,6 +25,10 @@ CLUSTER_PAGE = (resources.files("node.api") / "static" / "cluster.html").read_te
 # Several open cluster pages cost one backlog query a second, not one each.
 BACKLOG_CACHE_SECONDS = 1.0
 BACKLOG: web.AppKey[Backlog] = web.AppKey("backlog")
+# Counting every status reads as many index entries as there are schedules:
+# at most once in this many seconds, however many pages are open.
+COUNTS_CACHE_SECONDS = 10.0
+COUNTS: web.AppKey[StatusCounts] = web.AppKey("status_counts")
 # A wake-up hint is some 150 bytes; the route takes no more than this.
 WAKE_BODY_LIMIT = 4096
 # The header a hint's signature travels in (node/delivery/hints.py signs it).
@@ -99,6 +103,23 @@ class Backlog:
         return self._cached[1]
 
 
+class StatusCounts:
+    """Schedules of this node's buckets by status, for the cluster page,
+    cached for COUNTS_CACHE_SECONDS."""
+
+    def __init__(self) -> None:
+        self._cached: tuple[float, dict[str, Any]] | None = None
+
+    async def get(self, context: ApiContext) -> dict[str, Any]:
+        now = time.monotonic()
+        if self._cached is None or now - self._cached[0] >= COUNTS_CACHE_SECONDS:
+            buckets = list(context.leases.usable())
+            counts = await context.store.status_counts(buckets)
+            body = {"at": utcnow().isoformat(), "buckets": len(buckets), "counts": counts}
+            self._cached = (now, body)
+        return self._cached[1]
+
+
 @routes.post("/v1/internal/wake")
 async def wake(request: web.Request) -> web.Response:
     """A peer accepted a schedule in one of our buckets, due soon.
@@ -159,6 +180,12 @@ async def drain(request: web.Request) -> web.Response:
 @routes.get("/v1/cluster/backlog")
 async def cluster_backlog(request: web.Request) -> web.Response:
     return json_response(await request.app[BACKLOG].get(request.app[CONTEXT]))
+
+
+@routes.get("/v1/cluster/counts")
+async def cluster_counts(request: web.Request) -> web.Response:
+    """This node's buckets' schedules by status (the page sums every node's)."""
+    return json_response(await request.app[COUNTS].get(request.app[CONTEXT]))
 
 
 @routes.get("/")

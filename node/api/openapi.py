@@ -13,12 +13,15 @@ from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
 from node.schedule.model import (
     HEADER_NAME,
     ID_PATTERN,
+    LABEL_NAME,
     MAX_HEADERS,
+    MAX_LABEL_VALUE_BYTES,
+    MAX_LABELS,
     TENANT_NAME,
     TOPIC_PATTERN,
     Status,
 )
-from node.schedule.parse import MAX_DEPTH
+from node.schedule.parse import MAX_DEPTH, MAX_EXPIRE_AFTER
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
@@ -27,6 +30,9 @@ ERROR_CODES = (
     "method_not_allowed",  # 405
     "conflict",  # 409: same id with another body; drain when not running
     "not_cancellable",  # 409: cancel after delivery, while in flight, or after failing
+    "in_flight",  # 409: a change while an owner is publishing it; Retry-After
+    "invalid_state",  # 409: a verb the schedule's status does not allow (final, or paused)
+    "version_mismatch",  # 412: If-Match names a version the schedule is no longer at
     "unauthorized",  # 401: no API key, or an unknown or revoked one (auth on)
     "forbidden",  # 403: another tenant's scope, or an operator route without admin
     "topic_not_allowed",  # 403: the topic is outside the tenant's allowed prefixes
@@ -89,6 +95,116 @@ _ADMISSION = {
     "429": _error("Over the tenant's rate (rate_limited, with Retry-After) or its "
                   "pending maximum (quota_exceeded)"),
 }  # fmt: skip
+_TIME = {"type": "string", "format": "date-time"}
+# A record key to match: 1-1024 bytes as UTF-8 (so at most 1024 characters), no NUL.
+_KEY_FILTER = {"type": "string", "minLength": 1, "maxLength": 1024, "pattern": _NO_NUL}
+_HEADERS = {
+    "type": "object",
+    "maxProperties": MAX_HEADERS,
+    "propertyNames": {"pattern": HEADER_NAME.pattern},
+    "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+    "description": "Kafka record headers: names of 1-256 printable ASCII "
+    "characters, no '.', not starting with '$', none of the scheduler's own "
+    "(schedule-id, execute-at, fence-token, tenant, attempt); values without "
+    "NUL; at most 8 KiB in all",
+}
+# A label's name as the schema's propertyNames, and as the part before '='
+# of a list's label filter.
+_LABEL_NAME_CHARS = LABEL_NAME.pattern.removeprefix("^").removesuffix("$")
+_LABELS = {
+    "type": "object",
+    "maxProperties": MAX_LABELS,
+    "propertyNames": {"pattern": LABEL_NAME.pattern},
+    "additionalProperties": {
+        "type": "string",
+        "pattern": _NO_NUL,
+        "maxLength": MAX_LABEL_VALUE_BYTES,
+    },
+    "description": f"at most {MAX_LABELS} labels: names of 1-63 characters of "
+    f"[A-Za-z0-9._/-], string values of at most {MAX_LABEL_VALUE_BYTES} bytes as UTF-8, "
+    "no NUL. List and bulk-cancel find schedules by them.",
+}
+_EXPIRE_AFTER = {
+    **_DURATION,
+    "description": "one-shot only: not published by executeAt + expireAfter (its "
+    f"deadline), the schedule is EXPIRED instead, and never published; at most "
+    f"P{MAX_EXPIRE_AFTER.days}D",
+}
+_ETAG = {
+    "ETag": {
+        "description": 'the schedule\'s version, quoted ("3"): pass it as If-Match',
+        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+    }
+}
+_IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": '^[ \\t]*(?:[*]|"[0-9]{1,18}")[ \\t]*$'},
+    "description": 'the version the change is meant for, as an ETag gave it ("3"), or * '
+    "for any; another version than the stored one is a 412 (version_mismatch), a "
+    "malformed value a 400 with field If-Match. Absent: no condition.",
+}
+
+
+def _versioned(description: str) -> dict[str, Any]:
+    """A 200 with the schedule's view and its version as ETag."""
+    return {**_json(_ref("Schedule"), description), "headers": _ETAG}
+
+
+def _in_flight_or(description: str) -> dict[str, Any]:
+    """A 409: in flight (with Retry-After), or the status does not allow it."""
+    return {
+        **_error(
+            "An owner is publishing it now (in_flight, with Retry-After: try again), "
+            f"{description} (invalid_state), or it kept changing under the request "
+            "(conflict: try again)"
+        ),
+        "headers": {
+            "Retry-After": {
+                "description": "in_flight only: seconds to wait before trying again",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    }
+
+
+_ONE_SCHEDULE = {
+    "400": _error("Bad id, query parameter or If-Match (invalid_request)"),
+    "403": _error("Another tenant named in ?tenant= (forbidden)"),
+    "404": _error("No such schedule in the caller's tenant (not_found)"),
+    "412": _error("If-Match names another version than the stored one (version_mismatch)"),
+    **_STORE_DOWN,
+}
+
+
+def _verb(
+    summary: str, description: str, ok: str, refused: str, *, in_flight: bool = True
+) -> dict[str, Any]:
+    """POST /v1/schedules/{id}:verb, which takes no body and answers the view."""
+    conflict = (
+        _in_flight_or(refused)
+        if in_flight
+        else _error(
+            f"{refused[0].upper()}{refused[1:]} (invalid_state), or it kept changing under "
+            "the request (conflict: try again)"
+        )
+    )
+    return {
+        "parameters": [_ID, _TENANT],
+        "post": {
+            "summary": summary,
+            "description": description,
+            "parameters": [_IF_MATCH],
+            "responses": {
+                "200": _versioned(ok),
+                **_ONE_SCHEDULE,
+                "409": conflict,
+                "413": _error("The route takes no body (payload_too_large)"),
+            },
+        },
+    }
+
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -175,6 +291,7 @@ SCHEMAS: dict[str, Any] = {
         "allOf": [
             {"oneOf": [{"required": ["executeAt"]}, {"required": ["recurrence"]}]},
             {"oneOf": [{"required": ["payload"]}, {"required": ["payloadBase64"]}]},
+            {"not": {"required": ["recurrence", "expireAfter"]}},
         ],
         "additionalProperties": False,
         "properties": {
@@ -195,22 +312,75 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Kafka record key (default: the id); at most 1024 bytes "
                 "as UTF-8, no NUL",
             },
-            "headers": {
-                "type": "object",
-                "maxProperties": MAX_HEADERS,
-                "propertyNames": {"pattern": HEADER_NAME.pattern},
-                "additionalProperties": {"type": "string", "pattern": _NO_NUL},
-                "description": "Kafka record headers: names of 1-256 printable ASCII "
-                "characters, no '.', not starting with '$', none of the scheduler's own "
-                "(schedule-id, execute-at, fence-token, tenant, attempt); values without "
-                "NUL; at most 8 KiB in all",
+            "headers": _HEADERS,
+            "labels": _LABELS,
+            "expireAfter": _EXPIRE_AFTER,
+            "tenant": {**_TENANT_NAME, "default": "default"},
+        },
+    },
+    "SchedulePatch": {
+        "type": "object",
+        "description": "PATCH: only the fields named change; null clears key, labels, "
+        "retry and expireAfter (no other field takes null). executeAt on a recurring "
+        "schedule makes it a one-shot at that time, recurrence on a one-shot makes it "
+        "recurring; a new executeAt starts it afresh (attempts 0). expireAfter on a "
+        "recurring schedule (or with recurrence) is a 400. The id, tenant and topic "
+        "cannot change.",
+        "minProperties": 1,
+        "additionalProperties": False,
+        "not": {
+            "anyOf": [
+                {"required": ["executeAt", "recurrence"]},
+                {"required": ["payload", "payloadBase64"]},
+            ]
+        },
+        "properties": {
+            "executeAt": _TIME,
+            "recurrence": _ref("Recurrence"),
+            "payload": {
+                "not": {"type": "null"},
+                "description": "any JSON but null (which PATCH would read as clearing "
+                "it); sent as UTF-8 JSON",
             },
+            "payloadBase64": {"type": "string", "description": "raw bytes instead of payload"},
+            "headers": _HEADERS,
+            "key": {"type": ["string", "null"], "pattern": _NO_NUL},
+            "labels": {**_LABELS, "type": ["object", "null"]},
+            "retry": {"oneOf": [_ref("RetryPolicy"), {"type": "null"}]},
+            "expireAfter": {**_EXPIRE_AFTER, "type": ["string", "null"]},
+        },
+    },
+    "CancelFilter": {
+        "type": "object",
+        "description": "Which schedules to cancel: every PENDING or PAUSED one of the "
+        "tenant matching all the fields given (at least one of labels, key and idPrefix)",
+        "additionalProperties": False,
+        "anyOf": [{"required": ["labels"]}, {"required": ["key"]}, {"required": ["idPrefix"]}],
+        "properties": {
+            "labels": {**_LABELS, "minProperties": 1, "description": "every one of these"},
+            "key": {**_KEY_FILTER, "description": "this record key"},
+            "idPrefix": {
+                "type": "string",
+                "pattern": ID_PATTERN.pattern,
+                "description": "ids starting with this",
+            },
+            "dueBefore": {**_TIME, "description": "due (executeAt) before this time"},
             "tenant": {**_TENANT_NAME, "default": "default"},
         },
     },
     "Schedule": {
         "type": "object",
-        "required": ["id", "tenant", "topic", "executeAt", "bucket", "status", "attempts"],
+        "required": [
+            "id",
+            "tenant",
+            "topic",
+            "executeAt",
+            "bucket",
+            "status",
+            "attempts",
+            "version",
+            "labels",
+        ],
         "properties": {
             "id": {"type": "string"},
             "tenant": {"type": "string"},
@@ -219,8 +389,28 @@ SCHEMAS: dict[str, Any] = {
             "bucket": {"type": "integer"},
             "status": {
                 "type": "string",
-                "enum": ["PENDING", "IN_FLIGHT", "DELIVERED", "DELIVERY_FAILED", "CANCELLED"],
+                "enum": [s.value for s in Status],
+                "description": "PAUSED: never due until resumed. Final: DELIVERED, "
+                "DELIVERY_FAILED, CANCELLED and EXPIRED (a one-shot not published by its "
+                "deadline; never published).",
             },
+            "version": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "1 when created, one more on every write to it (the API's "
+                "or delivery's; 0: stored before versions existed): the ETag, and what "
+                "If-Match names",
+            },
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "expireAfter": {**_DURATION, "description": "one-shot: as given"},
+            "deadline": {
+                **_TIME,
+                "description": "one-shot with expireAfter: executeAt + expireAfter",
+            },
+            "pausedAt": {**_TIME, "description": "when last paused"},
+            "cancelledAt": _TIME,
+            "expiredAt": _TIME,
+            "triggeredAt": {**_TIME, "description": "when last triggered"},
             "attempts": {"type": "integer"},
             "nextAttemptAt": {"type": "string", "format": "date-time"},
             "deliveredAt": {"type": ["string", "null"], "format": "date-time"},
@@ -317,7 +507,10 @@ PATHS: dict[str, Any] = {
             },
         },
         "get": {
-            "summary": "List schedules, oldest id first, a page at a time",
+            "summary": "List schedules, a page at a time, matching every filter given",
+            "description": "In id order; filtered by status or the due window alone "
+            "(no label, topic or key), in due order. Every parameter but label may be "
+            "given once.",
             "parameters": [
                 {"name": "tenant", "in": "query", "schema": _TENANT_NAME},
                 {
@@ -336,14 +529,65 @@ PATHS: dict[str, Any] = {
                     "schema": {"type": "string"},
                     "description": "the next of the page before; anything else is a 400",
                 },
+                {
+                    "name": "label",
+                    "in": "query",
+                    "style": "form",
+                    "explode": True,
+                    "schema": {
+                        "type": "array",
+                        "maxItems": MAX_LABELS,
+                        "items": {
+                            "type": "string",
+                            "pattern": f"^{_LABEL_NAME_CHARS}=[^\\x00]*$",
+                            # a name of 63 characters at most, a value of 128 bytes
+                            "maxLength": 63 + 1 + MAX_LABEL_VALUE_BYTES,
+                        },
+                    },
+                    "description": "name=value, repeatable: schedules with every one",
+                },
+                {"name": "topic", "in": "query", "schema": _TOPIC},
+                {
+                    "name": "key",
+                    "in": "query",
+                    "schema": _KEY_FILTER,
+                    "description": "the record key (1-1024 bytes)",
+                },
+                {
+                    "name": "dueAfter",
+                    "in": "query",
+                    "schema": _TIME,
+                    "description": "due (executeAt) at or after this time",
+                },
+                {
+                    "name": "dueBefore",
+                    "in": "query",
+                    "schema": _TIME,
+                    "description": "due (executeAt) before this time",
+                },
+                {
+                    "name": "counts",
+                    "in": "query",
+                    "schema": {"type": "boolean", "default": False},
+                    "description": "true: the answer has counts, per status, of every "
+                    "schedule the other filters match",
+                },
             ],
             "responses": {
                 "200": _json(
                     {
                         "type": "object",
+                        "required": ["schedules", "next"],
                         "properties": {
                             "schedules": {"type": "array", "items": _ref("Schedule")},
                             "next": {"type": ["string", "null"], "description": "pass as after"},
+                            "counts": {
+                                "type": "object",
+                                "description": "counts=true: schedules per status, over "
+                                "the same filters but status",
+                                "properties": {s.value: {"type": "integer"} for s in Status},
+                                "additionalProperties": False,
+                            },
                         },
                     },
                     "A page",
@@ -390,12 +634,40 @@ PATHS: dict[str, Any] = {
             },
         },
     },
+    "/v1/schedules:cancel": {
+        "post": {
+            "summary": "Cancel every PENDING or PAUSED schedule matching a filter",
+            "description": "In batches, at most 10,000 per call: while the answer says "
+            "more, call again. Safe to repeat: a cancelled schedule no longer matches.",
+            "requestBody": _body(_ref("CancelFilter")),
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["cancelled", "more"],
+                        "properties": {
+                            "cancelled": {"type": "integer", "minimum": 0},
+                            "more": {
+                                "type": "boolean",
+                                "description": "more may match: call again",
+                            },
+                        },
+                    },
+                    "How many this call cancelled",
+                ),
+                "400": _error("Invalid body (invalid_request)"),
+                "403": _error("Another tenant named (forbidden)"),
+                "413": _error("Body over the limit (payload_too_large)"),
+                **_STORE_DOWN,
+            },
+        },
+    },
     "/v1/schedules/{schedule_id}": {
         "parameters": [_ID, _TENANT],
         "get": {
             "summary": "One schedule",
             "responses": {
-                "200": _json(_ref("Schedule"), "The schedule"),
+                "200": _versioned("The schedule"),
                 "400": _error("Bad id or query parameter (invalid_request)"),
                 "403": _error("Another tenant named in ?tenant= (forbidden)"),
                 "404": _error("No such schedule in the caller's tenant (not_found)"),
@@ -403,17 +675,56 @@ PATHS: dict[str, Any] = {
             },
         },
         "delete": {
-            "summary": "Cancel; after a 200 it is never delivered",
+            "summary": "Cancel (PENDING or PAUSED); after a 200 it is never delivered",
+            "parameters": [_IF_MATCH],
             "responses": {
-                "200": _json(_ref("Schedule"), "CANCELLED (also when it already was)"),
-                "400": _error("Bad id or query parameter (invalid_request)"),
-                "403": _error("Another tenant named in ?tenant= (forbidden)"),
-                "404": _error("No such schedule in the caller's tenant (not_found)"),
-                "409": _error("Already delivered, in flight or failed (not_cancellable)"),
+                "200": _versioned("CANCELLED (also when it already was)"),
+                **_ONE_SCHEDULE,
+                "409": _error("Already delivered, in flight, failed or expired (not_cancellable)"),
                 **_STORE_DOWN,
             },
         },
+        "patch": {
+            "summary": "Change a PENDING or PAUSED schedule: the fields named, no others",
+            "parameters": [_IF_MATCH],
+            "requestBody": _body(_ref("SchedulePatch")),
+            "responses": {
+                "200": _versioned("The schedule as changed"),
+                **_ONE_SCHEDULE,
+                "400": _error("Bad id, query parameter, If-Match or body (invalid_request)"),
+                "409": _in_flight_or("it has ended (delivered, failed, cancelled, expired)"),
+                "413": _error("Body over the limit (payload_too_large)"),
+            },
+        },
     },
+    "/v1/schedules/{schedule_id}:pause": _verb(
+        "Pause: PENDING -> PAUSED, never due until resumed",
+        "Already PAUSED: 200, unchanged.",
+        "PAUSED",
+        "it has ended",
+    ),
+    "/v1/schedules/{schedule_id}:resume": _verb(
+        "Resume: PAUSED -> PENDING",
+        "A recurring schedule's missed occurrence runs under its misfire policy; a "
+        "one-shot past its time is due at once, or, past its deadline, EXPIRED by this "
+        "call (a 200 showing EXPIRED). Already PENDING: 200, unchanged.",
+        "PENDING (or EXPIRED: past its deadline)",
+        "it has ended",
+    ),
+    "/v1/schedules/{schedule_id}:trigger": _verb(
+        "Trigger: a PENDING schedule is due now",
+        "A one-shot's executeAt becomes now; a recurring schedule gets one extra "
+        "occurrence now, its chain unchanged.",
+        "PENDING, due now",
+        "it is PAUSED (resume it first) or has ended",
+    ),
+    "/v1/schedules/{schedule_id}:retry": _verb(
+        "Redrive: DELIVERY_FAILED -> PENDING, due now, attempts 0",
+        "Any other status is a 409 (invalid_state).",
+        "PENDING, due now",
+        "it is not DELIVERY_FAILED",
+        in_flight=False,
+    ),
     "/v1/schedules/{schedule_id}/history": {
         "parameters": [_ID, _TENANT],
         "get": {
@@ -468,6 +779,29 @@ PATHS: dict[str, Any] = {
                         },
                     },
                     "Counts",
+                ),
+                **_STORE_DOWN,
+            },
+        }
+    },
+    "/v1/cluster/counts": {
+        "get": {
+            "summary": "Schedules in this node's buckets, by status (cached 10 s)",
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "at": {"type": "string", "format": "date-time"},
+                            "buckets": {"type": "integer"},
+                            "counts": {
+                                "type": "object",
+                                "properties": {s.value: {"type": "integer"} for s in Status},
+                                "additionalProperties": False,
+                            },
+                        },
+                    },
+                    "Counts by status",
                 ),
                 **_STORE_DOWN,
             },

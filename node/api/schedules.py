@@ -1,5 +1,7 @@
-"""The schedule routes: ``/v1/schedules``, ``:batch``, ``/{id}`` and
-``/{id}/history`` (DESIGN.md "HTTP API").
+"""The schedule routes: ``/v1/schedules`` (create, list), ``:batch``,
+``:cancel`` (by selector), ``/{id}`` (get, change, cancel), its verbs
+``:pause``, ``:resume``, ``:trigger``, ``:retry``, and ``/{id}/history``
+(DESIGN.md "HTTP API").
 
 Every route acts in the caller's tenant: another tenant's schedule is simply
 not found.
@@ -10,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -19,7 +23,7 @@ from aiohttp import web
 
 from node.api.auth import CALLER, Caller
 from node.api.context import CONTEXT, ApiContext, json_response
-from node.api.inputs import page_size, read_body, read_json, unknown_parameters
+from node.api.inputs import no_body, page_size, read_body, read_json, unknown_parameters
 from node.api.views import delivered_record, public_record, public_view
 from node.errors import (
     ScheduleNotFound,
@@ -27,15 +31,29 @@ from node.errors import (
     StoreUnavailable,
     ValidationFailed,
 )
-from node.schedule.model import NewSchedule, Status, is_storage_id, public_id, storage_id
+from node.schedule import changes
+from node.schedule.changes import Change, version_of
+from node.schedule.model import (
+    NewSchedule,
+    Status,
+    is_storage_id,
+    label_pairs,
+    public_id,
+    storage_id,
+)
 from node.schedule.parse import (
+    check_label,
     parse_json,
+    parse_labels,
     parse_new_schedule,
+    parse_patch,
     parse_schedule_object,
     validate_id,
     validate_tenant,
+    validate_topic,
 )
-from node.schedule.times import utcnow
+from node.schedule.times import format_time, parse_time, utcnow
+from node.store.listing import Cursor, Listing, Selector
 
 log = structlog.get_logger("node.api.schedules")
 
@@ -45,6 +63,8 @@ DEFAULT_PAGE = 100
 BODY_OVERHEAD = 64 * 1024
 MAX_BATCH = 1000
 BATCH_BODY_LIMIT = 16 * 1024 * 1024
+# A selector is a few short fields.
+SELECTOR_BODY_LIMIT = 16 * 1024
 
 
 def body_limit(max_payload_bytes: int) -> int:
@@ -172,6 +192,34 @@ def _not_found(stored_id: str) -> ScheduleNotFound:
     return ScheduleNotFound(f"no schedule {public_id(stored_id)!r}")
 
 
+def _schedule_response(doc: dict[str, Any]) -> web.Response:
+    """A schedule, with its version as a strong ETag (what If-Match takes)."""
+    response = json_response(public_view(doc))
+    response.headers["ETag"] = f'"{version_of(doc)}"'
+    return response
+
+
+def _if_match(request: web.Request) -> int | None:
+    """The version an If-Match header names: ``"3"`` (the ETag of a GET), or
+    None for no header or ``*`` (any version of a schedule that exists)."""
+    text = request.headers.get("If-Match")
+    if text is None or text.strip() == "*":
+        return None
+    value = text.strip()
+    if (
+        len(value) < 3
+        or value[0] != '"'
+        or value[-1] != '"'
+        or not value[1:-1].isascii()
+        or not value[1:-1].isdigit()
+        or len(value) > 20
+    ):
+        raise ValidationFailed(
+            'If-Match must be one version as its ETag shows it ("3"), or *', "If-Match"
+        )
+    return int(value[1:-1])
+
+
 @routes.get("/v1/schedules/{schedule_id}")
 async def get_schedule(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
@@ -179,14 +227,15 @@ async def get_schedule(request: web.Request) -> web.Response:
     doc = await context.store.get(stored_id)
     if doc is None:
         raise _not_found(stored_id)
-    return json_response(public_view(doc))
+    return _schedule_response(doc)
 
 
 @routes.delete("/v1/schedules/{schedule_id}")
 async def cancel_schedule(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     stored_id = _schedule_id(request)
-    doc = await context.store.cancel(stored_id, utcnow())
+    if_match = _if_match(request)
+    doc = await context.store.cancel(stored_id, utcnow(), if_match)
     if doc is None:
         raise _not_found(stored_id)
     context.metrics.schedules_cancelled.inc()
@@ -196,7 +245,108 @@ async def cancel_schedule(request: web.Request) -> web.Response:
         bucket=doc["bucket"],
         token=doc.get("token", 0),
     )
-    return json_response(public_view(doc))
+    return _schedule_response(doc)
+
+
+async def _change(
+    request: web.Request, verb: str, decide: Callable[[dict[str, Any]], Change | None]
+) -> web.Response:
+    """Apply one verb to the schedule the path names: the store reads it,
+    ``decide`` judges it, and the change is written only where the schedule
+    is still as it was read (``ScheduleStore.change``)."""
+    context = request.app[CONTEXT]
+    stored_id = _schedule_id(request)
+    if_match = _if_match(request)
+    now = utcnow()
+    result = await context.store.change(stored_id, decide, now, if_match)
+    if result is None:
+        raise _not_found(stored_id)
+    doc, change = result
+    if change is not None:
+        if change.due_at is not None:
+            context.wakes.accepted(doc)
+        if change.status == Status.EXPIRED:
+            context.metrics.deliveries.labels("expired").inc()
+        log.info(
+            f"schedule {verb}",
+            schedule_id=doc["_id"],
+            bucket=doc["bucket"],
+            status=doc["status"],
+            version=version_of(doc),
+        )
+    return _schedule_response(doc)
+
+
+@routes.patch("/v1/schedules/{schedule_id}")
+async def change_schedule(request: web.Request) -> web.Response:
+    """Change what the body names of a PENDING or PAUSED schedule."""
+    context = request.app[CONTEXT]
+    data = await read_json(request, body_limit(context.config.max_payload_bytes))
+    now = utcnow()
+    request_patch = parse_patch(data, context.limits, now)
+    return await _change(request, "changed", lambda doc: changes.patch(doc, request_patch, now))
+
+
+@routes.post("/v1/schedules/{schedule_id}:pause")
+async def pause_schedule(request: web.Request) -> web.Response:
+    await no_body(request)
+    return await _change(request, "paused", lambda doc: changes.pause(doc, utcnow()))
+
+
+@routes.post("/v1/schedules/{schedule_id}:resume")
+async def resume_schedule(request: web.Request) -> web.Response:
+    await no_body(request)
+    return await _change(request, "resumed", lambda doc: changes.resume(doc, utcnow()))
+
+
+@routes.post("/v1/schedules/{schedule_id}:trigger")
+async def trigger_schedule(request: web.Request) -> web.Response:
+    await no_body(request)
+    return await _change(request, "triggered", lambda doc: changes.trigger(doc, utcnow()))
+
+
+@routes.post("/v1/schedules/{schedule_id}:retry")
+async def retry_schedule(request: web.Request) -> web.Response:
+    """Redrive: a DELIVERY_FAILED schedule is due again with fresh attempts."""
+    await no_body(request)
+    return await _change(request, "redriven", lambda doc: changes.redrive(doc, utcnow()))
+
+
+_SELECTOR_FIELDS = frozenset({"labels", "key", "idPrefix", "dueBefore", "tenant"})
+
+
+@routes.post("/v1/schedules:cancel")
+async def cancel_selected(request: web.Request) -> web.Response:
+    """Cancel every PENDING or PAUSED schedule of the caller's tenant that a
+    selector matches, in bounded batches; ``more`` says to call again."""
+    context = request.app[CONTEXT]
+    unknown_parameters(request.query, set())
+    data = await read_json(request, SELECTOR_BODY_LIMIT)
+    if not isinstance(data, dict):
+        raise ValidationFailed("body must be a JSON object")
+    unknown = sorted(set(data) - _SELECTOR_FIELDS)
+    if unknown:
+        raise ValidationFailed(f"unknown field {unknown[0]!r}", unknown[0])
+    if not {"labels", "key", "idPrefix"} & set(data):
+        raise ValidationFailed("name at least one of labels, key or idPrefix", "labels")
+    labels = parse_labels(data["labels"]) if "labels" in data else {}
+    if "labels" in data and not labels:
+        raise ValidationFailed("labels must name at least one label", "labels")
+    key = data.get("key")
+    if "key" in data and (
+        not isinstance(key, str) or not key or "\x00" in key or len(key.encode()) > 1024
+    ):
+        raise ValidationFailed("key must be a string of 1-1024 bytes, without NUL", "key")
+    id_prefix = validate_id(data["idPrefix"], "idPrefix") if "idPrefix" in data else None
+    due_before = parse_time(data["dueBefore"], "dueBefore") if "dueBefore" in data else None
+    tenant = _caller(request).scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
+    selector = Selector(
+        labels=tuple(label_pairs(labels)), key=key, id_prefix=id_prefix, due_before=due_before
+    )
+    cancelled, more = await context.store.cancel_matching(tenant, selector, utcnow())
+    context.metrics.schedules_cancelled.inc(cancelled)
+    log.info("schedules cancelled by selector", tenant=tenant, cancelled=cancelled, more=more)
+    return json_response({"cancelled": cancelled, "more": more})
 
 
 @routes.get("/v1/schedules/{schedule_id}/history")
@@ -222,44 +372,110 @@ async def schedule_history(request: web.Request) -> web.Response:
     )
 
 
+_LIST_PARAMETERS = frozenset(
+    {
+        "tenant",
+        "status",
+        "limit",
+        "after",
+        "label",
+        "topic",
+        "key",
+        "dueAfter",
+        "dueBefore",
+        "counts",
+    }
+)
+
+
 @routes.get("/v1/schedules")
 async def list_schedules(request: web.Request) -> web.Response:
+    """A page of the tenant's schedules, filtered by status, labels, topic,
+    key and due window; each filter is served by an index
+    (``node/store/listing.py``). By status or due window alone the page is
+    in due order, otherwise in id order."""
     context = request.app[CONTEXT]
     query = request.query
-    unknown_parameters(query, {"tenant", "status", "limit", "after"})
+    unknown_parameters(query, _LIST_PARAMETERS)
+    for name in set(query) - {"label"}:
+        if len(query.getall(name)) > 1:
+            raise ValidationFailed(f"{name} may be given once", name)
     status = query.get("status")
     if status is not None and status not in Status.__members__:
         raise ValidationFailed(f"status must be one of {', '.join(Status)}", "status")
     limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
-    after = _decode_cursor(query["after"]) if "after" in query else None
     requested = query.get("tenant")
     tenant = _caller(request).tenant or (None if requested is None else validate_tenant(requested))
     if requested is not None and tenant != requested:
         _caller(request).scope(requested)  # another tenant's list: 403
-    docs = await context.store.list_page(tenant=tenant, status=status, after=after, limit=limit + 1)
-    page, more = docs[:limit], len(docs) > limit
-    return json_response(
-        {
-            "schedules": [public_view(d) for d in page],
-            "next": _encode_cursor(page[-1]["_id"]) if more and page else None,
-        }
+    counts = query.get("counts", "false")
+    if counts not in {"true", "false"}:
+        raise ValidationFailed("counts must be true or false", "counts")
+    listing = Listing(
+        tenant=tenant,
+        limit=limit + 1,
+        status=status,
+        labels=_label_filter(query.getall("label", [])),
+        topic=validate_topic(query["topic"]) if "topic" in query else None,
+        key=_key_filter(query.get("key")),
+        due_after=parse_time(query["dueAfter"], "dueAfter") if "dueAfter" in query else None,
+        due_before=parse_time(query["dueBefore"], "dueBefore") if "dueBefore" in query else None,
     )
+    if "after" in query:
+        listing = dataclasses.replace(listing, after=_decode_cursor(query["after"], listing.by_due))
+    docs = await context.store.list_page(listing)
+    page, more = docs[:limit], len(docs) > limit
+    body: dict[str, Any] = {
+        "schedules": [public_view(d) for d in page],
+        "next": _encode_cursor(page[-1], listing.by_due) if more and page else None,
+    }
+    if counts == "true":
+        body["counts"] = await context.store.count_by_status(listing)
+    return json_response(body)
 
 
-def _encode_cursor(last_id: str) -> str:
+def _label_filter(values: list[str]) -> tuple[str, ...]:
+    """``label=name=value`` parameters, as the store keeps labels."""
+    if len(values) > 16:
+        raise ValidationFailed("at most 16 label filters", "label")
+    pairs: dict[str, str] = {}
+    for value in values:
+        name, separator, label_value = value.partition("=")
+        if not separator:
+            raise ValidationFailed("label must be name=value", "label")
+        check_label(name, label_value, "label")
+        pairs[name] = label_value
+    return tuple(label_pairs(pairs))
+
+
+def _key_filter(key: str | None) -> str | None:
+    if key is not None and (not key or "\x00" in key or len(key.encode()) > 1024):
+        raise ValidationFailed("key must be 1-1024 bytes, without NUL", "key")
+    return key
+
+
+def _encode_cursor(last: dict[str, Any], by_due: bool) -> str:
     # Opaque to callers, so the paging key can change without breaking them.
-    return base64.urlsafe_b64encode(json.dumps({"after": last_id}).encode()).decode().rstrip("=")
+    cursor: dict[str, Any] = {"after": last["_id"]}
+    if by_due:
+        cursor["due"] = format_time(last["dueAt"])
+    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
 
 
-def _decode_cursor(text: str) -> str:
-    """The stored id a cursor holds. Anything else is a 400: a made-up
-    cursor must not reach the store (a NUL, a lone surrogate, deep JSON)."""
+def _decode_cursor(text: str, by_due: bool) -> Cursor:
+    """The place a cursor holds. Anything else is a 400: a made-up cursor
+    must not reach the store (a NUL, a lone surrogate, deep JSON), nor one
+    of another listing's order."""
     refused = ValidationFailed("after is not a cursor returned by this API", "after")
     try:
         raw = base64.urlsafe_b64decode(text.encode("ascii") + b"=" * (-len(text) % 4))
-        after = parse_json(raw)["after"]
+        cursor = parse_json(raw)
+        after = cursor["after"]
+        due = parse_time(cursor["due"], "after") if by_due else None
+        if set(cursor) != ({"after", "due"} if by_due else {"after"}):
+            raise refused
     except (binascii.Error, ValueError, ValidationFailed, KeyError, TypeError):
         raise refused from None
     if not isinstance(after, str) or not is_storage_id(after):
         raise refused
-    return after
+    return Cursor(after=after, due=due)

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import timedelta
 from typing import Any
 
-from node.schedule.model import Status, public_id
+from node.schedule.changes import version_of
+from node.schedule.model import Status, labels_of, public_id
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy
-from node.schedule.times import format_time
+from node.schedule.times import format_duration, format_time
 
 
 def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
-    live = doc["status"] in {Status.PENDING.value, Status.IN_FLIGHT.value}
+    live = doc["status"] in {Status.PENDING.value, Status.PAUSED.value, Status.IN_FLIGHT.value}
     return {
         "recurrence": Recurrence.from_document(doc["recurrence"]).to_view(),
         # executeAt is the occurrence under way or due next; none once ended.
@@ -49,7 +51,15 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
         "key": doc.get("key"),
         "headers": doc.get("headers") or {},
         "createdAt": format_time(doc.get("createdAt")),
+        "labels": labels_of(doc.get("labels")),
+        "version": version_of(doc),
     }
+    if doc.get("expireAfterMs") is not None:
+        view["expireAfter"] = format_duration(timedelta(milliseconds=doc["expireAfterMs"]))
+        view["deadline"] = format_time(doc.get("deadline"))
+    for name in ("pausedAt", "cancelledAt", "expiredAt", "triggeredAt"):
+        if doc.get(name) is not None:
+            view[name] = format_time(doc[name])
     if doc["status"] == Status.PENDING.value and doc.get("dueAt") != doc["executeAt"]:
         view["nextAttemptAt"] = format_time(doc.get("dueAt"))
     if doc.get("retry"):
@@ -65,9 +75,21 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def delivered_record(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """A delivered one-shot schedule's delivery, as a history record, from
-    the schedule itself (the one attempt history does not store)."""
-    if doc.get("recurrence") or doc["status"] != Status.DELIVERED.value:
+    """A delivered or expired one-shot schedule's end, as a history record,
+    from the schedule itself (history does not store it)."""
+    if doc.get("recurrence"):
+        return None
+    if doc["status"] == Status.EXPIRED.value:
+        return {
+            "at": format_time(doc.get("expiredAt")),
+            "executeAt": format_time(doc["executeAt"]),
+            "attempt": doc.get("attempts", 0),
+            "outcome": "expired",
+            "node": doc.get("owner"),
+            "token": doc.get("token", 0),
+            "error": f"not published by its deadline {format_time(doc.get('deadline'))}",
+        }
+    if doc["status"] != Status.DELIVERED.value:
         return None
     return {
         "at": format_time(doc.get("deliveredAt")),

@@ -19,6 +19,10 @@ time.
 | missed, misfire policy ``skip``   | -                   | next occurrence (recorded skipped) |
 | no attempts left, and the         | PENDING at now +    | the same occurrence PENDING at     |
 | dead-letter publish failed too    | backoff             | now + backoff                      |
+| past its deadline (expireAfter)   | EXPIRED, unpublished| -                                  |
+| an extra occurrence (a trigger)   | -                   | published, retried or failed as    |
+| published, or failed for good     |                     | any; then the chain goes on, due   |
+|                                   |                     | at its own next occurrence         |
 
 A publish the broker could not take (unreachable, timed out, no leader, not
 enough replicas) is not a failure of the schedule and spends no attempt: the
@@ -36,6 +40,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from node.schedule.changes import is_expired
 from node.schedule.model import Status
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy, policy_of
@@ -52,16 +57,30 @@ class Rules:
     rng: random.Random = field(default_factory=random.Random, compare=False)
 
     def should_skip(self, claimed: Claimed, now: datetime) -> bool:
-        """An occurrence too late to publish under the ``skip`` misfire policy."""
-        return claimed.recurring and _recurrence(claimed).should_skip(
-            aware(claimed.doc["executeAt"]), now, self.misfire_threshold
+        """An occurrence too late to publish under the ``skip`` misfire policy
+        (an extra one, triggered, was asked for now: never skipped)."""
+        return (
+            claimed.recurring
+            and not claimed.triggered
+            and _recurrence(claimed).should_skip(
+                aware(claimed.doc["executeAt"]), now, self.misfire_threshold
+            )
         )
+
+    def should_expire(self, claimed: Claimed, now: datetime) -> bool:
+        """A one-shot past its deadline (``expireAfter``): not published."""
+        return is_expired(claimed.doc, now)
+
+    def expired(self, claimed: Claimed, now: datetime) -> Completion:
+        return Completion(claimed, Outcome.EXPIRED, Status.EXPIRED, now)
 
     def exhausted(self, claimed: Claimed) -> bool:
         """Whether this attempt was the last its retry policy allows."""
         return policy_of(claimed.doc, self.retry).exhausted(claimed.attempt)
 
     def delivered(self, claimed: Claimed, now: datetime) -> Completion:
+        if claimed.triggered:
+            return self._extra_over(claimed, Outcome.DELIVERED, now)
         if claimed.recurring:
             return self._next_occurrence(claimed, Outcome.DELIVERED, now)
         return Completion(claimed, Outcome.DELIVERED, Status.DELIVERED, now)
@@ -81,9 +100,21 @@ class Rules:
             return Completion(
                 claimed, Outcome.RETRYING, Status.PENDING, now, error=error, due_at=due_at
             )
+        if claimed.triggered:
+            return self._extra_over(claimed, Outcome.FAILED, now, error)
         if claimed.recurring:
             return self._next_occurrence(claimed, Outcome.FAILED, now, error)
         return Completion(claimed, Outcome.FAILED, Status.DELIVERY_FAILED, now, error=error)
+
+    def _extra_over(
+        self, claimed: Claimed, outcome: Outcome, now: datetime, error: str | None = None
+    ) -> Completion:
+        """A triggered occurrence is over: the chain is due at the occurrence
+        it was waiting for, unchanged."""
+        due_at = aware(claimed.doc["executeAt"])
+        return Completion(
+            claimed, outcome, Status.PENDING, now, error=error, due_at=due_at, extra=True
+        )
 
     def _next_occurrence(
         self, claimed: Claimed, outcome: Outcome, now: datetime, error: str | None = None

@@ -390,6 +390,7 @@ class BucketPoller:
             self.metrics.deliveries.labels("abandoned").inc(len(abandoned))
             log.warning("lease gone mid-batch (expired or handed over)", abandoned=len(abandoned))
         try:
+            live = await self._expire_overdue(live)
             live = await self._skip_misfired(live)
             records = [build_record(c.doc, c.token, c.attempt) for c in live]
         except Exception:
@@ -452,13 +453,34 @@ class BucketPoller:
             # from there, and the store is spared a write for nearly every record.
             self._record([c for c in delivered if c.recurring], done_at, Outcome.DELIVERED)
             for c in delivered:
-                lateness = (done_at - aware(c.doc["executeAt"])).total_seconds()
+                lateness = (done_at - c.execute_at).total_seconds()
                 self.metrics.lateness.observe(max(lateness, 0.0))
                 log.debug(
                     "schedule delivered", **_about(c), lateness_s=round(max(lateness, 0.0), 4)
                 )
         if failed:
             self._failed(failed)
+
+    async def _expire_overdue(self, claimed: list[Claimed]) -> list[Claimed]:
+        """One-shots past their deadline (``expireAfter``) are not published:
+        they end EXPIRED. The document records when (``expiredAt``), so its
+        history shows it without a history write. The rest go ahead."""
+        now = self.wall()
+        overdue = [c for c in claimed if self.rules.should_expire(c, now)]
+        if not overdue:
+            return claimed
+        completions = [self.rules.expired(c, now) for c in overdue]
+        try:
+            ended = await self._write(completions)
+        except Exception:
+            self._unsettled.extend(completions)
+            raise
+        self.metrics.deliveries.labels("expired").inc(ended)
+        log.info(
+            "schedules past their deadline expired", count=ended, ids=[c.id for c in overdue][:20]
+        )
+        overdue_ids = {c.id for c in overdue}
+        return [c for c in claimed if c.id not in overdue_ids]
 
     async def _skip_misfired(self, claimed: list[Claimed]) -> list[Claimed]:
         """Occurrences of recurring schedules whose misfire policy is skip and
@@ -501,7 +523,7 @@ class BucketPoller:
                     schedule_id=c.id,
                     tenant=str(c.doc["tenant"]),
                     run=c.run,
-                    execute_at=aware(c.doc["executeAt"]),
+                    execute_at=c.execute_at,
                     attempt=c.attempt,
                     at=at,
                     node=self.node_id,

@@ -3,12 +3,29 @@
     python -m node ctl members                       # who is in, and what they hold
     python -m node ctl owners [--bucket N]           # bucket -> lease holder, token
     python -m node ctl schedule TOPIC --in 30 --payload '{"order": 42}' [--key K] [--id ID]
-    python -m node ctl get ID | cancel ID
+                                      [--label NAME=VALUE ...]
+    python -m node ctl get ID
+    python -m node ctl list [--status S] [--label NAME=VALUE ...] [--topic T] [--key K]
+                            [--counts] [--limit N] [--after CURSOR] [--json]
+    python -m node ctl reschedule ID (--at T | --in SECONDS) [--if-match VERSION]
+    python -m node ctl pause ID | resume ID | trigger ID | retry ID  [--if-match VERSION]
+    python -m node ctl cancel ID                     # one schedule
+    python -m node ctl cancel --label NAME=VALUE [--label ...] [--key K] [--id-prefix P]
+                              [--due-before T]       # every PENDING or PAUSED match
     python -m node ctl drain                         # this node hands over and leaves
 
 ``--url`` (or ``SCHEDULER_URL``) names the node; the default is the local dev
-cluster's first node. Exit status: 0 done, 1 the API refused (its error is
-printed), 2 the node could not be reached.
+cluster's first node. ``--if-match`` takes a schedule's ``version`` (as get
+shows it) or ``*``: the change is made only if the schedule is still at that
+version. A bulk cancel calls ``POST /v1/schedules:cancel`` again while the node
+answers that more match, and prints the total. ``list`` follows the node's
+``next`` cursors until it has printed ``--limit`` schedules (default 100), and
+says how to go on from there.
+
+Exit status: 0 done, 1 the API refused (its error is printed: a 404, a 409
+for a schedule in flight or in the wrong status, a 412 when ``--if-match``
+names a version the schedule is no longer at), 2 the node could not be
+reached, or the command line asks for something impossible.
 """
 
 from __future__ import annotations
@@ -21,11 +38,22 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT = 10.0
+# The node's largest page (GET /v1/schedules?limit=).
+MAX_PAGE = 1000
+DEFAULT_LIST = 100
+# The verbs that change one schedule and take no body: POST /v1/schedules/{id}:verb.
+VERBS = {
+    "pause": "pause a PENDING schedule: never due until resumed",
+    "resume": "resume a PAUSED schedule (one past its deadline becomes EXPIRED)",
+    "trigger": "make a PENDING schedule due now (recurring: one extra occurrence now)",
+    "retry": "redrive a DELIVERY_FAILED schedule: PENDING, due now, attempts 0",
+}
 
 
 class Unreachable(Exception):
@@ -34,6 +62,24 @@ class Unreachable(Exception):
 
 class Refused(Exception):
     """The node answered with an error; the message is its error body."""
+
+
+def label_argument(text: str) -> tuple[str, str]:
+    """NAME=VALUE (the value may be empty, and may hold '='; the node judges both)."""
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def version_argument(text: str) -> str:
+    """An If-Match value: a version (3, or "3" as an ETag shows it) or *."""
+    if text == "*":
+        return text
+    digits = text.removeprefix('"').removesuffix('"') if len(text) > 2 else text
+    if not digits.isascii() or not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version (an integer) or *")
+    return f'"{int(digits)}"'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,20 +98,121 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands.add_parser("members", help="members, their state and the buckets they hold")
     owners = commands.add_parser("owners", help="bucket -> lease holder and token")
     owners.add_argument("--bucket", type=int, default=None, help="only this bucket")
+
     schedule = commands.add_parser("schedule", help="schedule a message")
     schedule.add_argument("topic")
-    when = schedule.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at", help="executeAt, RFC 3339 (2030-01-01T00:00:00Z)")
-    when.add_argument("--in", dest="delay", type=float, help="seconds from now")
+    _add_when(schedule)
     schedule.add_argument("--payload", default="null", help="JSON payload (default null)")
     schedule.add_argument("--key", default=None, help="Kafka record key")
     schedule.add_argument("--id", default=None, help="idempotency id (default: server-assigned)")
-    for name, text in (("get", "show a schedule"), ("cancel", "cancel a pending schedule")):
-        commands.add_parser(name, help=text).add_argument("id")
+    schedule.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        type=label_argument,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a label (repeatable)",
+    )
+
+    commands.add_parser("get", help="show a schedule").add_argument("id")
+
+    listing = commands.add_parser(
+        "list",
+        help="list schedules",
+        description="List the tenant's schedules matching every filter given, in id "
+        "order (by --status alone: in due order). Follows the node's next cursors (pages "
+        "of up to 1000) until --limit schedules are printed; if more match, the last line "
+        "says which --after goes on.",
+    )
+    listing.add_argument("--status", default=None, help="PENDING, PAUSED, IN_FLIGHT, ...")
+    listing.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        type=label_argument,
+        default=[],
+        metavar="NAME=VALUE",
+        help="only schedules with this label (repeatable: all of them)",
+    )
+    listing.add_argument("--topic", default=None, help="only schedules to this topic")
+    listing.add_argument("--key", default=None, help="only schedules with this record key")
+    listing.add_argument(
+        "--counts", action="store_true", help="also count them per status (ignoring --status)"
+    )
+    listing.add_argument(
+        "--limit",
+        type=_positive,
+        default=DEFAULT_LIST,
+        help=f"print at most this many (default {DEFAULT_LIST})",
+    )
+    listing.add_argument("--after", default=None, help="go on after this cursor")
+    listing.add_argument(
+        "--json", action="store_true", help='print {"schedules", "next", "counts"} as JSON'
+    )
+
+    reschedule = commands.add_parser(
+        "reschedule", help="move a PENDING or PAUSED schedule to another time (PATCH executeAt)"
+    )
+    reschedule.add_argument("id")
+    _add_when(reschedule)
+    _add_if_match(reschedule)
+    for verb, text in VERBS.items():
+        command = commands.add_parser(verb, help=text)
+        command.add_argument("id")
+        _add_if_match(command)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a schedule, or every PENDING or PAUSED one matching filters",
+        description="cancel ID cancels one schedule. Without an ID, every PENDING or "
+        "PAUSED schedule matching all the filters (at least one of --label, --key and "
+        "--id-prefix) is cancelled, calling the node again while it says more match; "
+        'prints {"cancelled": total, "calls": n}.',
+    )
+    cancel.add_argument("id", nargs="?", default=None)
+    cancel.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        type=label_argument,
+        default=[],
+        metavar="NAME=VALUE",
+        help="schedules with this label (repeatable: all of them)",
+    )
+    cancel.add_argument("--key", default=None, help="schedules with this record key")
+    cancel.add_argument("--id-prefix", default=None, help="schedules whose id starts so")
+    cancel.add_argument("--due-before", default=None, help="due before this time (RFC 3339)")
+
     commands.add_parser("drain", help="the node hands its buckets over and leaves the cluster")
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def _add_when(parser: argparse.ArgumentParser) -> None:
+    when = parser.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", help="executeAt, RFC 3339 (2030-01-01T00:00:00Z)")
+    when.add_argument("--in", dest="delay", type=float, help="seconds from now")
+
+
+def _add_if_match(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--if-match",
+        type=version_argument,
+        default=None,
+        metavar="VERSION",
+        help="only if the schedule is still at this version (or *); else refused (412)",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     client = Client(args.url, args.api_key)
     try:
         if args.action == "members":
@@ -75,21 +222,59 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         elif args.action == "schedule":
             print_json(client.send("POST", "/v1/schedules", schedule_body(args)), out)
         elif args.action == "get":
-            print_json(client.get(f"/v1/schedules/{quote(args.id)}"), out)
+            print_json(client.get(schedule_path(args.id)), out)
+        elif args.action == "list":
+            list_schedules(client, args, out)
+        elif args.action == "reschedule":
+            body = {"executeAt": execute_at(args)}
+            print_json(client.send("PATCH", schedule_path(args.id), body, if_match(args)), out)
+        elif args.action in VERBS:
+            path = f"{schedule_path(args.id)}:{args.action}"
+            print_json(client.send("POST", path, None, if_match(args)), out)
         elif args.action == "cancel":
-            print_json(client.send("DELETE", f"/v1/schedules/{quote(args.id)}"), out)
+            if args.id is None:
+                print_json(cancel_matching(client, cancel_filter(args)), out)
+            elif cancel_filter(args, required=False):
+                raise ValueError("cancel takes an ID or filters, not both")
+            else:
+                print_json(client.send("DELETE", schedule_path(args.id)), out)
         elif args.action == "drain":
             print_json(client.send("POST", "/v1/admin/drain"), out)
     except Refused as exc:
-        print(f"ctl: refused: {exc}", file=sys.stderr)
+        print(f"ctl: refused: {exc}", file=err)
         return 1
     except Unreachable as exc:
-        print(f"ctl: {exc}", file=sys.stderr)
+        print(f"ctl: {exc}", file=err)
         return 2
     except ValueError as exc:  # bad input, before anything was sent
-        print(f"ctl: {exc}", file=sys.stderr)
+        print(f"ctl: {exc}", file=err)
         return 2
     return 0
+
+
+def schedule_path(schedule_id: str) -> str:
+    return f"/v1/schedules/{quote(schedule_id)}"
+
+
+def if_match(args: argparse.Namespace) -> dict[str, str]:
+    return {} if args.if_match is None else {"If-Match": args.if_match}
+
+
+def execute_at(args: argparse.Namespace) -> str:
+    """--at as given, or --in seconds from now, as RFC 3339 UTC."""
+    if args.at is not None:
+        return str(args.at)
+    when = datetime.now(UTC) + timedelta(seconds=args.delay)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def label_map(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for name, value in pairs:
+        if name in labels:
+            raise ValueError(f"--label {name} given twice")
+        labels[name] = value
+    return labels
 
 
 def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,17 +282,76 @@ def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--payload is not JSON: {exc}") from None
-    if args.at is not None:
-        execute_at = args.at
-    else:
-        when = datetime.now(UTC) + timedelta(seconds=args.delay)
-        execute_at = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    body: dict[str, Any] = {"topic": args.topic, "executeAt": execute_at, "payload": payload}
+    body: dict[str, Any] = {"topic": args.topic, "executeAt": execute_at(args), "payload": payload}
     if args.key is not None:
         body["key"] = args.key
     if args.id is not None:
         body["id"] = args.id
+    if args.labels:
+        body["labels"] = label_map(args.labels)
     return body
+
+
+def cancel_filter(args: argparse.Namespace, *, required: bool = True) -> dict[str, Any]:
+    """The body of POST /v1/schedules:cancel the options make ({} if none)."""
+    body: dict[str, Any] = {}
+    if args.labels:
+        body["labels"] = label_map(args.labels)
+    if args.key is not None:
+        body["key"] = args.key
+    if args.id_prefix is not None:
+        body["idPrefix"] = args.id_prefix
+    if required and not body:
+        raise ValueError("cancel needs an ID, or at least one of --label, --key, --id-prefix")
+    if args.due_before is not None:
+        body["dueBefore"] = args.due_before
+    return body
+
+
+def cancel_matching(client: Client, body: dict[str, Any]) -> dict[str, int]:
+    """Call the bulk cancel until the node says no more match."""
+    cancelled = calls = 0
+    while True:
+        answer = client.send("POST", "/v1/schedules:cancel", body)
+        calls += 1
+        cancelled += int(answer["cancelled"])
+        if not answer["more"]:
+            return {"cancelled": cancelled, "calls": calls}
+        if not answer["cancelled"]:  # no progress: calling again would spin
+            raise Refused(
+                f"the node says more match but cancelled none in call {calls}; "
+                f"stopped after cancelling {cancelled}"
+            )
+
+
+def list_schedules(client: Client, args: argparse.Namespace, out: TextIO) -> None:
+    query: list[tuple[str, str]] = [("label", f"{name}={value}") for name, value in args.labels]
+    for name, value in (("status", args.status), ("topic", args.topic), ("key", args.key)):
+        if value is not None:
+            query.append((name, value))
+    schedules: list[dict[str, Any]] = []
+    counts: dict[str, int] | None = None
+    cursor: str | None = args.after
+    while True:
+        page_query = [*query, ("limit", str(min(args.limit - len(schedules), MAX_PAGE)))]
+        if cursor is not None:
+            page_query.append(("after", cursor))
+        if args.counts and counts is None:  # the same for every page: ask once
+            page_query.append(("counts", "true"))
+        page = client.get(f"/v1/schedules?{urllib.parse.urlencode(page_query)}")
+        schedules.extend(page["schedules"])
+        if args.counts and counts is None:
+            counts = page.get("counts", {})
+        cursor = page["next"]
+        if cursor is None or len(schedules) >= args.limit:
+            break
+    answer: dict[str, Any] = {"schedules": schedules, "next": cursor}
+    if counts is not None:
+        answer["counts"] = counts
+    if args.json:
+        print_json(answer, out)
+    else:
+        print_listing(answer, out)
 
 
 def quote(schedule_id: str) -> str:
@@ -122,7 +366,9 @@ class Client:
     def get(self, path: str) -> Any:
         return self.send("GET", path)
 
-    def send(self, method: str, path: str, body: Any = None) -> Any:
+    def send(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path,
@@ -131,6 +377,7 @@ class Client:
             headers={
                 **self.headers,
                 **({"Content-Type": "application/json"} if data is not None else {}),
+                **(headers or {}),
             },
         )
         try:
@@ -145,6 +392,31 @@ class Client:
 
 def print_json(body: Any, out: TextIO) -> None:
     print(json.dumps(body, indent=2), file=out)
+
+
+def print_listing(answer: dict[str, Any], out: TextIO) -> None:
+    """One schedule a line, then how many, whether more match, and the counts."""
+    header = ("id", "status", "due", "version", "topic", "labels")
+    rows = [
+        (
+            s["id"],
+            s["status"],
+            s.get("nextExecuteAt") or s["executeAt"],
+            str(s.get("version", "-")),
+            s["topic"],
+            ",".join(f"{k}={v}" for k, v in sorted((s.get("labels") or {}).items())) or "-",
+        )
+        for s in answer["schedules"]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]), file=out)
+    more = f"; more: --after {answer['next']}" if answer["next"] else ""
+    print(f"{len(rows)} schedule(s){more}", file=out)
+    if "counts" in answer:
+        counts = ", ".join(f"{status} {n}" for status, n in answer["counts"].items())
+        print(f"counts: {counts or 'none'}", file=out)
 
 
 def print_members(view: dict[str, Any], out: TextIO) -> None:

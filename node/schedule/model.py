@@ -13,7 +13,7 @@ import enum
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,10 +23,18 @@ from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
 
 class Status(enum.StrEnum):
     PENDING = "PENDING"
+    PAUSED = "PAUSED"  # never due; PENDING again on resume
     IN_FLIGHT = "IN_FLIGHT"
     DELIVERED = "DELIVERED"
     DELIVERY_FAILED = "DELIVERY_FAILED"
     CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"  # a one-shot not published by its deadline, and never will be
+
+
+# What the API may still change, pause or cancel: no owner holds these.
+CHANGEABLE = frozenset({Status.PENDING, Status.PAUSED})
+# The statuses a schedule ends in: the write that sets one sets expireAt.
+FINAL = frozenset({Status.DELIVERED, Status.DELIVERY_FAILED, Status.CANCELLED, Status.EXPIRED})
 
 
 # Headers the scheduler sets on every record; a caller may not forge them.
@@ -55,6 +63,12 @@ RECENT_OCCURRENCES = 10
 MAX_KEY_BYTES = 1024
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8 * 1024
+# Labels: a small map a caller finds and cancels its schedules by. Names
+# cannot hold '=': the store keeps each label as one "name=value" string
+# (documents.py), which an index serves by equality.
+MAX_LABELS = 16
+LABEL_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,63}$")
+MAX_LABEL_VALUE_BYTES = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +96,9 @@ class NewSchedule:
     # interval's anchor) depend on when it arrived, a repeat must still match.
     recurrence_request: str | None = None
     retry: RetryPolicy | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    # A one-shot not published by execute_at + expire_after is EXPIRED instead.
+    expire_after: timedelta | None = None
 
     def fingerprint(self) -> str:
         """A digest of everything but the id: the same id with another body is a 409."""
@@ -96,6 +113,9 @@ class NewSchedule:
         ]
         if self.retry is not None:  # appended: one-shot digests stay what they were
             parts.append(self.retry.to_document())
+        if self.labels or self.expire_after is not None:  # appended, likewise
+            parts.append(sorted(self.labels.items()))
+            parts.append(None if self.expire_after is None else self.expire_after.total_seconds())
         canonical = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -141,3 +161,17 @@ def is_tenant_name(text: str) -> bool:
 
 def is_header_name(text: str) -> bool:
     return bool(HEADER_NAME.fullmatch(text))
+
+
+def is_label_name(text: str) -> bool:
+    return bool(LABEL_NAME.fullmatch(text))
+
+
+def label_pairs(labels: dict[str, str]) -> list[str]:
+    """Labels as the store keeps them: "name=value" strings, sorted."""
+    return sorted(f"{name}={value}" for name, value in labels.items())
+
+
+def labels_of(pairs: list[str] | None) -> dict[str, str]:
+    """The map ``label_pairs`` was made from (a name holds no '=')."""
+    return dict(pair.split("=", 1) for pair in pairs or [])

@@ -12,7 +12,8 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import PayloadTooLarge, ValidationFailed
@@ -21,17 +22,20 @@ from node.schedule.model import (
     MAX_HEADER_BYTES,
     MAX_HEADERS,
     MAX_KEY_BYTES,
+    MAX_LABEL_VALUE_BYTES,
+    MAX_LABELS,
     RESERVED_HEADERS,
     Limits,
     NewSchedule,
     is_client_id,
     is_header_name,
+    is_label_name,
     is_tenant_name,
     is_topic,
 )
 from node.schedule.recurrence import Recurrence, parse_recurrence
-from node.schedule.retry import parse_retry
-from node.schedule.times import parse_time
+from node.schedule.retry import RetryPolicy, parse_retry
+from node.schedule.times import parse_duration, parse_time
 
 _ALLOWED_FIELDS = frozenset(
     {
@@ -45,8 +49,28 @@ _ALLOWED_FIELDS = frozenset(
         "headers",
         "tenant",
         "retry",
+        "labels",
+        "expireAfter",
     }
 )
+# What PATCH may change (the id, tenant and topic are the schedule's identity).
+PATCHABLE_FIELDS = frozenset(
+    {
+        "executeAt",
+        "recurrence",
+        "payload",
+        "payloadBase64",
+        "key",
+        "headers",
+        "retry",
+        "labels",
+        "expireAfter",
+    }
+)
+# Of those, the ones null clears.
+CLEARABLE_FIELDS = frozenset({"key", "retry", "labels", "expireAfter"})
+# The longest expireAfter: as far as the horizon lets a schedule be anyway.
+MAX_EXPIRE_AFTER = timedelta(days=3650)
 
 
 # The deepest nesting of arrays and objects a request body may have: far
@@ -204,25 +228,18 @@ def parse_schedule_object(
         when_field = "recurrence"
     else:
         execute_at, when_field = parse_time(data["executeAt"], "executeAt"), "executeAt"
-    if execute_at - now > limits.horizon:
-        raise ValidationFailed(
-            f"the first occurrence is beyond the horizon of "
-            f"{limits.horizon.total_seconds():g} s from now",
-            when_field,
-        )
+    _within_horizon(execute_at, now, limits, when_field)
     retry = parse_retry(data["retry"], limits.retry) if "retry" in data else None
 
     payload, payload_format = _parse_payload(data, limits)
-
-    key = data.get("key")
-    if key is not None and (
-        not isinstance(key, str) or len(key.encode()) > MAX_KEY_BYTES or "\x00" in key
-    ):
-        raise ValidationFailed(
-            f"key must be a string of at most {MAX_KEY_BYTES} bytes, without NUL", "key"
-        )
-
+    key = _parse_key(data.get("key"))
     headers = _parse_headers(data.get("headers", {}))
+    labels = parse_labels(data.get("labels", {}))
+    expire_after = None
+    if "expireAfter" in data:
+        if recurrence is not None:
+            raise _expire_after_on_recurring()
+        expire_after = parse_expire_after(data["expireAfter"])
     return NewSchedule(
         id=schedule_id,
         client_id=client_id,
@@ -236,7 +253,129 @@ def parse_schedule_object(
         recurrence=recurrence,
         recurrence_request=recurrence_request,
         retry=retry,
+        labels=labels,
+        expire_after=expire_after,
     )
+
+
+def _within_horizon(execute_at: datetime, now: datetime, limits: Limits, field: str) -> None:
+    if execute_at - now > limits.horizon:
+        raise ValidationFailed(
+            f"the first occurrence is beyond the horizon of "
+            f"{limits.horizon.total_seconds():g} s from now",
+            field,
+        )
+
+
+def _parse_key(key: object) -> str | None:
+    if key is not None and (
+        not isinstance(key, str) or len(key.encode()) > MAX_KEY_BYTES or "\x00" in key
+    ):
+        raise ValidationFailed(
+            f"key must be a string of at most {MAX_KEY_BYTES} bytes, without NUL", "key"
+        )
+    return key
+
+
+def parse_labels(labels: object, field: str = "labels") -> dict[str, str]:
+    """A label map: at most MAX_LABELS names of LABEL_NAME, string values of
+    at most MAX_LABEL_VALUE_BYTES without NUL."""
+    if not isinstance(labels, dict):
+        raise ValidationFailed(f"{field} must be an object of string values", field)
+    if len(labels) > MAX_LABELS:
+        raise ValidationFailed(f"at most {MAX_LABELS} labels are allowed", field)
+    for name, value in labels.items():
+        check_label(name, value, field)
+    return dict(labels)
+
+
+def check_label(name: object, value: object, field: str = "labels") -> None:
+    if not isinstance(name, str) or not is_label_name(name):
+        raise ValidationFailed(
+            f"label name {name!r} is not 1-63 characters of [A-Za-z0-9._/-]", field
+        )
+    if not isinstance(value, str) or "\x00" in value or len(value.encode()) > MAX_LABEL_VALUE_BYTES:
+        raise ValidationFailed(
+            f"label {name!r} must be a string of at most {MAX_LABEL_VALUE_BYTES} bytes without NUL",
+            field,
+        )
+
+
+def parse_expire_after(value: object) -> timedelta:
+    expire_after = parse_duration(value, "expireAfter")
+    if expire_after > MAX_EXPIRE_AFTER:
+        raise ValidationFailed(
+            f"expireAfter must be at most P{MAX_EXPIRE_AFTER.days}D", "expireAfter"
+        )
+    return expire_after
+
+
+def _expire_after_on_recurring() -> ValidationFailed:
+    return ValidationFailed(
+        "expireAfter applies to one-shot schedules only (a recurring one's misfire "
+        "policy decides what a late occurrence does)",
+        "expireAfter",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch:
+    """A validated PATCH body: only what it names changes. ``None`` in a
+    clearable field means "clear it"; a field not named keeps its value."""
+
+    named: frozenset[str]
+    execute_at: datetime | None = None
+    recurrence: Recurrence | None = None
+    payload: tuple[bytes, str] | None = None  # (bytes, "json" | "base64")
+    key: str | None = None
+    headers: dict[str, str] | None = None
+    retry: RetryPolicy | None = None
+    labels: dict[str, str] | None = None
+    expire_after: timedelta | None = None
+
+
+def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
+    """Validate a PATCH /v1/schedules/{id} body. What it asks of the stored
+    schedule (its status, one-shot or recurring) is judged against the
+    schedule itself (``node/schedule/changes.py``)."""
+    if not isinstance(data, dict):
+        raise ValidationFailed("body must be a JSON object")
+    unknown = sorted(set(data) - PATCHABLE_FIELDS)
+    if unknown:
+        raise ValidationFailed(
+            f"field {unknown[0]!r} cannot be changed (or does not exist)", unknown[0]
+        )
+    if not data:
+        raise ValidationFailed("nothing to change: name at least one field")
+    for name in sorted(set(data) - CLEARABLE_FIELDS):
+        if data[name] is None:
+            raise ValidationFailed(f"{name} cannot be cleared", name)
+    if "executeAt" in data and "recurrence" in data:
+        raise ValidationFailed("at most one of executeAt or recurrence", "executeAt")
+    if "payload" in data and "payloadBase64" in data:
+        raise ValidationFailed("at most one of payload or payloadBase64", "payload")
+    fields: dict[str, Any] = {}
+    if "executeAt" in data:
+        fields["execute_at"] = parse_time(data["executeAt"], "executeAt")
+        _within_horizon(fields["execute_at"], now, limits, "executeAt")
+    if "recurrence" in data:
+        fields["recurrence"], first = _parse_recurrence(data["recurrence"], now)
+        _within_horizon(first, now, limits, "recurrence")
+        if data.get("expireAfter") is not None:
+            raise _expire_after_on_recurring()
+    if "payload" in data or "payloadBase64" in data:
+        fields["payload"] = _parse_payload(data, limits)
+    if data.get("key") is not None:
+        fields["key"] = _parse_key(data["key"])
+    if "headers" in data:
+        fields["headers"] = _parse_headers(data["headers"])
+    if data.get("retry") is not None:
+        fields["retry"] = parse_retry(data["retry"], limits.retry)
+    if data.get("labels") is not None:
+        fields["labels"] = parse_labels(data["labels"])
+    if data.get("expireAfter") is not None:
+        fields["expire_after"] = parse_expire_after(data["expireAfter"])
+    return Patch(named=frozenset(data), **fields)
 
 
 def _parse_recurrence(request: object, now: datetime) -> tuple[Recurrence, datetime]:

@@ -24,9 +24,13 @@ class Record:
 
 def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
     schedule_id = public_id(str(doc["_id"]))
+    # An extra occurrence of a recurring schedule (a trigger) is for the
+    # time it was asked for; its chain's executeAt is the next occurrence.
+    triggered = doc.get("triggeredAt") if doc.get("recurrence") else None
+    execute_at = triggered if triggered is not None else doc["executeAt"]
     headers: list[tuple[str, bytes]] = [
         ("schedule-id", schedule_id.encode()),
-        ("execute-at", (format_time(doc["executeAt"]) or "").encode()),
+        ("execute-at", (format_time(execute_at) or "").encode()),
         ("fence-token", str(token).encode()),
         ("tenant", str(doc["tenant"]).encode()),
         ("attempt", str(attempt).encode()),

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from node.schedule.model import Status
+from node.schedule.times import aware
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,16 @@ class Claimed:
         return bool(self.doc.get("recurrence"))
 
     @property
+    def triggered(self) -> bool:
+        """An extra occurrence of a recurring schedule, asked for by a trigger."""
+        return self.recurring and self.doc.get("triggeredAt") is not None
+
+    @property
+    def execute_at(self) -> datetime:
+        """The time this attempt is for: the occurrence, or the trigger's."""
+        return aware(self.doc["triggeredAt"] if self.triggered else self.doc["executeAt"])
+
+    @property
     def attempt(self) -> int:
         # The claim incremented attempts in the store; the fetched copy is older.
         return int(self.doc.get("attempts", 0)) + 1
@@ -53,6 +64,7 @@ class Outcome(enum.StrEnum):
     RETRYING = "retrying"
     FAILED = "failed"
     SKIPPED = "skipped"
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -78,3 +90,6 @@ class Completion:
     error: str | None = None
     due_at: datetime | None = None  # PENDING: when it is due again
     occurrence: Occurrence | None = None  # recurring schedules only
+    # An extra (triggered) occurrence of a recurring schedule is over: the
+    # chain is due again at ``due_at``, its own next occurrence.
+    extra: bool = False

@@ -13,7 +13,8 @@ from typing import Any
 
 from pymongo import ASCENDING
 
-from node.schedule.model import NewSchedule, Status, public_id
+from node.schedule.changes import expiry_fields
+from node.schedule.model import NewSchedule, Status, label_pairs, public_id
 from ring import bucket_for
 
 
@@ -22,6 +23,15 @@ def schedule_document(new: NewSchedule, bucket_count: int, now: datetime) -> dic
     doc = _base_document(new, bucket_count, now)
     if new.retry is not None:
         doc["retry"] = new.retry.to_document()
+    # Absent rather than null when unset: the indexes that find schedules by
+    # key or label are partial on the field existing, so a schedule without
+    # one costs them nothing.
+    if new.key is not None:
+        doc["key"] = new.key
+    if new.labels:
+        doc["labels"] = label_pairs(new.labels)
+    if new.expire_after is not None:
+        doc.update(expiry_fields(new.execute_at, new.expire_after))
     if new.recurrence is not None:
         # executeAt is the occurrence due next; completing it writes the one
         # after (node/delivery/outcomes.py), so the chain lives in one document.
@@ -50,13 +60,20 @@ def _base_document(new: NewSchedule, bucket_count: int, now: datetime) -> dict[s
         "attempts": 0,
         "payload": new.payload,
         "payloadFormat": new.payload_format,
-        "key": new.key,
         "headers": new.headers,
         "fingerprint": new.fingerprint(),
         "createdAt": now,
         "deliveredAt": None,
         "lastError": None,
+        # Every write to the document adds one (API or delivery): the ETag,
+        # and the condition of every read-modify-write of the API.
+        "version": 1,
     }
+
+
+def version_filter(version: int) -> Any:
+    """The filter value matching a document at ``version`` (0: none stored)."""
+    return version if version else None
 
 
 def bucket_of(stored_id: str, bucket_count: int) -> int:
@@ -93,9 +110,31 @@ INDEXES = [
         "tenant_status_bucket_due",
         [("tenant", ASCENDING), ("status", ASCENDING), ("bucket", ASCENDING), ("dueAt", ASCENDING)],
     ),
-    # GET /v1/schedules pages by tenant in _id order; a status filter is
-    # applied to the page, so status changes do not move this entry.
+    # GET /v1/schedules pages by tenant in _id order, and a bulk cancel by id
+    # prefix reads one range of it.
     IndexSpec("by_tenant_id", [("tenant", ASCENDING), ("_id", ASCENDING)]),
+    # A listing (or bulk cancel) by label, key or topic: one equality range
+    # each, in _id order, whatever else the filter holds. Status is not in
+    # these keys, so delivery never rewrites their entries; key and labels
+    # are partial, so a schedule without them has no entry at all.
+    IndexSpec(
+        "by_tenant_label",
+        [("tenant", ASCENDING), ("labels", ASCENDING), ("_id", ASCENDING)],
+        {"partialFilterExpression": {"labels": {"$exists": True}}},
+    ),
+    IndexSpec(
+        "by_tenant_key",
+        [("tenant", ASCENDING), ("key", ASCENDING), ("_id", ASCENDING)],
+        {"partialFilterExpression": {"key": {"$exists": True}}},
+    ),
+    IndexSpec("by_tenant_topic", [("tenant", ASCENDING), ("topic", ASCENDING), ("_id", ASCENDING)]),
+    # A listing by status or due time, in due order: the tenant's schedules
+    # of one status due in a window. Its entry moves with every status change,
+    # the price of a search by status that reads only what it returns.
+    IndexSpec(
+        "by_tenant_status_due",
+        [("tenant", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING), ("_id", ASCENDING)],
+    ),
     # Retention: a schedule that has ended carries expireAt, and MongoDB's
     # TTL monitor removes it then (documents without it are never removed).
     IndexSpec("expire", [("expireAt", ASCENDING)], {"expireAfterSeconds": 0}),

@@ -26,27 +26,46 @@ point lookup.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pymongo import ASCENDING, UpdateMany, UpdateOne
+from pymongo import ASCENDING, ReturnDocument, UpdateMany, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from node.errors import BucketCountMismatch, FormatTooNew, NotCancellable, ScheduleConflict
-from node.schedule.model import RECENT_OCCURRENCES, NewSchedule, Status, public_id
+from node.errors import (
+    BucketCountMismatch,
+    FormatTooNew,
+    NotCancellable,
+    ScheduleConflict,
+    VersionMismatch,
+)
+from node.schedule.changes import Change, version_of
+from node.schedule.model import (
+    CHANGEABLE,
+    FINAL,
+    RECENT_OCCURRENCES,
+    NewSchedule,
+    Status,
+    public_id,
+)
 from node.schedule.times import aware
 from node.store.boundary import DURABLE, store_call
 from node.store.contract import Claimed, Completion, Outcome
-from node.store.documents import INDEXES, SUPERSEDED_INDEXES, bucket_of, schedule_document
+from node.store.documents import (
+    INDEXES,
+    SUPERSEDED_INDEXES,
+    bucket_of,
+    schedule_document,
+    version_filter,
+)
 from node.store.group_insert import GroupInserter
+from node.store.listing import Listing, Selector
 
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
-# The statuses a schedule ends in: the write that sets one sets expireAt.
-FINAL = frozenset({Status.DELIVERED, Status.DELIVERY_FAILED, Status.CANCELLED})
 DEFAULT_RETENTION = timedelta(days=7)
 # Ids per claim or mark statement. The embedded server matches "$in" by
 # scanning the list for every candidate, so one statement costs the square of
@@ -56,6 +75,15 @@ IDS_PER_STATEMENT = 20
 # Tenants asked for their own due work in one round when a backlog fills the
 # window (the poller rotates the list, so with more all are served in turn).
 MAX_TENANTS_PER_ROUND = 32
+# A verb reads the schedule, decides, and writes under the status and version
+# it read; a claim or another verb in between makes it read and decide again,
+# at most this many times (each loss means the schedule did change).
+CHANGE_ATTEMPTS = 5
+# A bulk cancel reads and cancels this many at a time, and at most
+# BULK_CANCEL_LIMIT in one call (the answer says whether more match).
+BULK_CANCEL_BATCH = 500
+BULK_CANCEL_LIMIT = 10_000
+_LIVE = sorted(s.value for s in CHANGEABLE)
 
 
 class ScheduleStore:
@@ -155,6 +183,22 @@ class ScheduleStore:
                 counts[bucket] = due
         return counts
 
+    @store_call
+    async def status_counts(self, buckets: Collection[int]) -> dict[str, int]:
+        """Schedules of ``buckets`` (a node's own) by status: one count per
+        status, over one range of ``{bucket, status, dueAt}`` per bucket."""
+        counts = {}
+        for status in Status:
+            counts[status.value] = (
+                await self.schedules.count_documents(
+                    {"bucket": {"$in": sorted(buckets)}, "status": status.value},
+                    hint="bucket_status_due",
+                )
+                if buckets
+                else 0
+            )
+        return counts
+
     # -- the API's reads and writes -------------------------------------------
 
     @store_call
@@ -181,37 +225,41 @@ class ScheduleStore:
 
     @store_call
     async def count_pending(self, tenant: str) -> int:
+        """A tenant's live schedules (PENDING or PAUSED), for its quota."""
         # A tenant's schedules lie in every bucket: this count spans them all
         # (on a sharded cluster, every shard), one bounded index range each.
-        return await self.schedules.count_documents(
-            {"tenant": tenant, "status": Status.PENDING.value}
-        )
+        return await self.schedules.count_documents({"tenant": tenant, "status": {"$in": _LIVE}})
 
     @store_call
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
         return await self.schedules.find_one(self._one(schedule_id))
 
     @store_call
-    async def cancel(self, schedule_id: str, now: datetime) -> dict[str, Any] | None:
-        """PENDING -> CANCELLED in one conditional write.
+    async def cancel(
+        self, schedule_id: str, now: datetime, if_match: int | None = None
+    ) -> dict[str, Any] | None:
+        """PENDING or PAUSED -> CANCELLED in one conditional write.
 
         The claim only takes PENDING schedules and this only cancels PENDING
-        ones; the store applies one of the two first, so a 200 here means no
-        owner holds it and none ever will.
+        or PAUSED ones; the store applies one of the two first, so a 200 here
+        means no owner holds it and none ever will. ``if_match``: only at
+        that version (``VersionMismatch`` otherwise).
         """
+        condition: dict[str, Any] = {}
+        if if_match is not None:
+            condition["version"] = version_filter(if_match)
         result = await self._durable.update_one(
-            {**self._one(schedule_id), "status": Status.PENDING.value},
-            {
-                "$set": {
-                    "status": Status.CANCELLED.value,
-                    "cancelledAt": now,
-                    "expireAt": now + self.retention,
-                }
-            },
+            {**self._one(schedule_id), "status": {"$in": _LIVE}, **condition},
+            {"$set": self._cancelled(now), "$inc": {"version": 1}},
         )
         doc = await self.get(schedule_id)
         if doc is None:
             return None
+        if result.modified_count == 0 and if_match is not None and version_of(doc) != if_match:
+            raise VersionMismatch(
+                f"schedule {public_id(schedule_id)!r} is at version {version_of(doc)}, "
+                f"not {if_match}"
+            )
         if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
             if doc.get("recurrence") and doc["status"] == Status.IN_FLIGHT.value:
                 raise NotCancellable(
@@ -225,21 +273,126 @@ class ScheduleStore:
             )
         return doc
 
+    def _cancelled(self, now: datetime) -> dict[str, Any]:
+        return {
+            "status": Status.CANCELLED.value,
+            "cancelledAt": now,
+            "expireAt": now + self.retention,
+        }
+
     @store_call
-    async def list_page(
-        self, *, tenant: str | None, status: str | None, after: str | None, limit: int
-    ) -> list[dict[str, Any]]:
-        query: dict[str, Any] = {}
-        if tenant is not None:
-            query["tenant"] = tenant
-        if status is not None:
-            query["status"] = status
-        if after is not None:
-            query["_id"] = {"$gt": after}
-        # A listing spans every bucket by nature (a tenant's ids hash to all
-        # of them): on a sharded cluster it asks every shard.
-        cursor = self.schedules.find(query).sort("_id", ASCENDING).limit(limit).batch_size(limit)
-        return await cursor.to_list()
+    async def change(
+        self,
+        schedule_id: str,
+        decide: Callable[[dict[str, Any]], Change | None],
+        now: datetime,
+        if_match: int | None = None,
+    ) -> tuple[dict[str, Any], Change | None] | None:
+        """Read the schedule, ``decide`` what a verb makes of it, and write
+        that where the schedule is still at the status and version it was
+        read at; returns (the schedule after, the change written), or None
+        when there is no such schedule. Lost to a concurrent write (a claim,
+        another verb), it reads and decides again: what ``decide`` refuses
+        (in flight, ended) is refused on what is stored, never on a stale
+        copy. ``if_match``: only at that version (``VersionMismatch``).
+        """
+        for _ in range(CHANGE_ATTEMPTS):
+            doc = await self.schedules.find_one(self._one(schedule_id))
+            if doc is None:
+                return None
+            if if_match is not None and version_of(doc) != if_match:
+                raise VersionMismatch(
+                    f"schedule {public_id(schedule_id)!r} is at version {version_of(doc)}, "
+                    f"not {if_match}"
+                )
+            change = decide(doc)
+            if change is None or not (change.set or change.unset):
+                return doc, None
+            sets = dict(change.set)
+            if change.status in FINAL:
+                sets["expireAt"] = now + self.retention
+            update: dict[str, Any] = {"$set": sets, "$inc": {"version": 1}}
+            if change.unset:
+                update["$unset"] = {name: "" for name in sorted(change.unset)}
+            after = await self._durable.find_one_and_update(
+                {
+                    **self._one(schedule_id),
+                    "status": doc["status"],
+                    "version": version_filter(version_of(doc)),
+                },
+                update,
+                return_document=ReturnDocument.AFTER,
+            )
+            if after is not None:
+                return after, change
+        raise ScheduleConflict(
+            f"schedule {public_id(schedule_id)!r} kept changing under this request; try again",
+            retry_after=1,
+        )
+
+    @store_call
+    async def cancel_matching(
+        self, tenant: str, selector: Selector, now: datetime
+    ) -> tuple[int, bool]:
+        """Cancel the tenant's PENDING and PAUSED schedules that ``selector``
+        matches, BULK_CANCEL_BATCH at a time: read their ids from the index
+        the selector names, then cancel them with the cancel's own condition
+        (PENDING or PAUSED), so one claimed meanwhile is delivered, not also
+        cancelled. Returns (cancelled, more to cancel)."""
+        query = {**selector.filter(tenant), "status": {"$in": _LIVE}}
+        cancelled = 0
+        while cancelled < BULK_CANCEL_LIMIT:
+            found = await (
+                self.schedules.find(query, {"bucket": 1})
+                .hint(selector.index)
+                .limit(BULK_CANCEL_BATCH)
+                .batch_size(BULK_CANCEL_BATCH)
+                .to_list()
+            )
+            if not found:
+                return cancelled, False
+            ops = [
+                UpdateMany(
+                    {**_ids_and_buckets(chunk), "status": {"$in": _LIVE}},
+                    {"$set": self._cancelled(now), "$inc": {"version": 1}},
+                )
+                for chunk in _chunks(found)
+            ]
+            result = await self._durable.bulk_write(ops, ordered=False)
+            cancelled += result.modified_count
+            if len(found) < BULK_CANCEL_BATCH:
+                return cancelled, False
+        more = await self.schedules.find_one(query, {"_id": 1}, hint=selector.index)
+        return cancelled, more is not None
+
+    @store_call
+    async def list_page(self, listing: Listing) -> list[dict[str, Any]]:
+        """One page of a tenant's schedules (``listing.limit`` of them), read
+        from the one index its filter names (``Listing.index``).
+
+        A listing spans every bucket by nature (a tenant's ids hash to all
+        of them): on a sharded cluster it asks every shard, each for one
+        bounded range of that index."""
+        cursor = self.schedules.find(listing.filter()).sort(listing.order())
+        if listing.index is not None:
+            cursor = cursor.hint(listing.index)
+        return await cursor.limit(listing.limit).batch_size(listing.limit).to_list()
+
+    @store_call
+    async def count_by_status(self, listing: Listing) -> dict[str, int]:
+        """How many of the tenant's schedules match ``listing``'s filter,
+        by status (the page's own status filter aside): one count each, on
+        the index the filter names."""
+        counts: dict[str, int] = {}
+        for status in Status:
+            query = listing.filter(status=status.value, paged=False)
+            if listing.count_index is None:
+                counts[status.value] = await self.schedules.count_documents(query)
+            else:
+                counts[status.value] = await self.schedules.count_documents(
+                    query, hint=listing.count_index
+                )
+        return counts
 
     # -- the bucket owner's reads and writes ----------------------------------
 
@@ -333,7 +486,7 @@ class ScheduleStore:
                     },
                     # attempts: of this occurrence; runs: of the schedule's
                     # whole life (its history records are numbered by it).
-                    "$inc": {"attempts": 1, "runs": 1},
+                    "$inc": {"attempts": 1, "runs": 1, "version": 1},
                 },
             )
             for token, group in by_token.items()
@@ -401,7 +554,10 @@ class ScheduleStore:
                     "status": Status.IN_FLIGHT.value,
                     **self._fence("$eq", token),
                 },
-                {"$set": {"status": Status.PENDING.value}, "$inc": {"attempts": -1, "runs": -1}},
+                {
+                    "$set": {"status": Status.PENDING.value},
+                    "$inc": {"attempts": -1, "runs": -1, "version": 1},
+                },
             )
             for token, docs in by_token.items()
             for chunk in _chunks(docs)
@@ -438,7 +594,10 @@ class ScheduleStore:
                     "status": Status.IN_FLIGHT.value,
                     "token": s.get("token", 0),
                 },
-                {"$set": {"status": Status.PENDING.value, "token": tokens[s["bucket"]]}},
+                {
+                    "$set": {"status": Status.PENDING.value, "token": tokens[s["bucket"]]},
+                    "$inc": {"version": 1},
+                },
             )
             for s in stale
         ]
@@ -474,30 +633,50 @@ class ScheduleStore:
             fields["deliveredAt"] = completion.at
         if completion.status in FINAL:
             fields["expireAt"] = completion.at + self.retention
+        if completion.extra:
+            # An extra occurrence (a trigger) is over: the chain goes on where
+            # it was, due at its own next occurrence.
+            fields.update(dueAt=completion.due_at, attempts=0, lastError=completion.error)
+            return {
+                "$set": fields,
+                "$unset": {"triggeredAt": ""},
+                "$inc": {"version": 1},
+                "$push": {
+                    "recent": {"$each": [self._record(completion)], "$slice": -RECENT_OCCURRENCES}
+                },
+            }
         if occurrence is None:
             if completion.due_at is not None:
                 fields["dueAt"] = completion.due_at
             fields["lastError"] = completion.error
-            return {"$set": fields}
+            if completion.status == Status.EXPIRED:
+                fields["expiredAt"] = completion.at
+            return {"$set": fields, "$inc": {"version": 1}}
         # A recurring schedule: the record of this occurrence and the next one
         # (or the chain's end) in one write, so a crash can neither lose the
         # chain nor run an occurrence twice on purpose (only the at-least-once
         # repeat of an unmarked publish).
+        if occurrence.next_at is not None:
+            fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
+        return {
+            "$set": fields,
+            "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped, "version": 1},
+            "$push": {
+                "recent": {"$each": [self._record(completion)], "$slice": -RECENT_OCCURRENCES}
+            },
+        }
+
+    @staticmethod
+    def _record(completion: Completion) -> dict[str, Any]:
+        """An occurrence as a recurring schedule's ``recent`` keeps it."""
         claimed = completion.claimed
-        record = {
-            "executeAt": occurrence.execute_at,
+        return {
+            "executeAt": claimed.execute_at,
             "outcome": completion.outcome.value,
             "at": completion.at,
             "attempts": claimed.attempt,
             "token": claimed.token,
             "error": completion.error,
-        }
-        if occurrence.next_at is not None:
-            fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
-        return {
-            "$set": fields,
-            "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped},
-            "$push": {"recent": {"$each": [record], "$slice": -RECENT_OCCURRENCES}},
         }
 
 

@@ -1,0 +1,191 @@
+"""What the API's verbs make of a stored schedule: PATCH, pause, resume,
+trigger and retry (redrive), in one place.
+
+Pure: each takes the document as read and ``now``, and returns the
+``Change`` to write, or None when there is nothing to write, or raises
+(``ScheduleInFlight``, ``InvalidState``, ``ValidationFailed``). The store
+writes a change only where the schedule is still at the status and version
+it was read at (``ScheduleStore.change``), so a verb and a claim never both
+apply: the claim moves the schedule to IN_FLIGHT and a new version, and the
+verb's write then matches nothing and is judged again on what is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from node.errors import InvalidState, ScheduleInFlight, ValidationFailed
+from node.schedule.model import CHANGEABLE, Status, label_pairs, public_id
+from node.schedule.parse import Patch
+from node.schedule.times import aware
+
+_MS = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True)
+class Change:
+    """Fields to set and to remove in one write; ``due_at``: when the
+    schedule is due after it, if it is PENDING then (the owner is woken)."""
+
+    set: dict[str, Any]
+    unset: frozenset[str] = field(default_factory=frozenset)
+    due_at: datetime | None = None
+
+    @property
+    def status(self) -> Status | None:
+        value = self.set.get("status")
+        return None if value is None else Status(value)
+
+
+def version_of(doc: dict[str, Any]) -> int:
+    """A document's version; 0 for one written before versions existed."""
+    return int(doc.get("version") or 0)
+
+
+def expiry_fields(execute_at: datetime, expire_after: timedelta) -> dict[str, Any]:
+    """A one-shot's expiry: the duration the caller gave, and the deadline it
+    makes from the time the schedule is due."""
+    return {"expireAfterMs": expire_after // _MS, "deadline": execute_at + expire_after}
+
+
+def is_expired(doc: dict[str, Any], now: datetime) -> bool:
+    """A one-shot past its deadline: it must not be published any more."""
+    deadline = doc.get("deadline")
+    return not doc.get("recurrence") and deadline is not None and now > aware(deadline)
+
+
+def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
+    """PATCH: change what the request names of a PENDING or PAUSED schedule.
+
+    A new ``executeAt`` makes it a one-shot due then (a recurring one stops
+    recurring); a new ``recurrence`` makes it recurring from its first
+    occurrence after ``now``. Either starts its attempts afresh and moves
+    its deadline with it."""
+    _require(doc, CHANGEABLE, "changed")
+    named = request.named
+    sets: dict[str, Any] = {}
+    unsets: set[str] = set()
+    recurring = bool(doc.get("recurrence"))
+    execute_at: datetime | None = None
+    if request.execute_at is not None:
+        execute_at = request.execute_at
+        if recurring:
+            unsets |= {"recurrence", "triggeredAt"}
+            recurring = False
+    if request.recurrence is not None:
+        first = request.recurrence.first(now)
+        if first is None:
+            raise ValidationFailed("recurrence has no occurrence after now", "recurrence")
+        execute_at = first
+        sets["recurrence"] = request.recurrence.to_document()
+        sets["lateStreak"] = 0
+        if not recurring:
+            sets.update(occurrences=0, skippedOccurrences=0, recent=[])
+            recurring = True
+    if execute_at is not None:
+        sets.update(executeAt=execute_at, dueAt=execute_at, attempts=0)
+    stored_expiry = doc.get("expireAfterMs")
+    expire_after = (
+        request.expire_after
+        if "expireAfter" in named
+        else (None if stored_expiry is None else int(stored_expiry) * _MS)
+    )
+    if expire_after is not None:
+        if recurring:
+            raise ValidationFailed(
+                "expireAfter applies to one-shot schedules only: clear it "
+                "(expireAfter: null) to make this one recurring",
+                "expireAfter",
+            )
+        sets.update(expiry_fields(execute_at or aware(doc["executeAt"]), expire_after))
+    elif stored_expiry is not None:
+        unsets |= {"expireAfterMs", "deadline"}
+    if request.payload is not None:
+        sets["payload"], sets["payloadFormat"] = request.payload
+    _set_or_clear(sets, unsets, "key", named, request.key)
+    if request.headers is not None:
+        sets["headers"] = request.headers
+    retry = None if request.retry is None else request.retry.to_document()
+    _set_or_clear(sets, unsets, "retry", named, retry)
+    labels = label_pairs(request.labels) if request.labels else None
+    _set_or_clear(sets, unsets, "labels", named, labels)
+    pending = doc["status"] == Status.PENDING.value
+    due_at = sets.get("dueAt") if pending else None
+    return Change(sets, frozenset(unsets), due_at)
+
+
+def pause(doc: dict[str, Any], now: datetime) -> Change | None:
+    """PENDING -> PAUSED: never due until resumed. Paused already: nothing."""
+    if doc["status"] == Status.PAUSED.value:
+        return None
+    _require(doc, {Status.PENDING}, "paused")
+    return Change({"status": Status.PAUSED.value, "pausedAt": now})
+
+
+def resume(doc: dict[str, Any], now: datetime) -> Change | None:
+    """PAUSED -> PENDING, its times as they were: an occurrence missed while
+    paused is then handled by its misfire policy, a one-shot past its time
+    is due at once, and one past its deadline ends EXPIRED here."""
+    if doc["status"] == Status.PENDING.value:
+        return None  # resumed already
+    _require(doc, {Status.PAUSED}, "resumed")
+    if is_expired(doc, now):
+        return Change({"status": Status.EXPIRED.value, "expiredAt": now})
+    return Change({"status": Status.PENDING.value}, due_at=aware(doc["dueAt"]))
+
+
+def trigger(doc: dict[str, Any], now: datetime) -> Change:
+    """Due now. A one-shot moves to now (attempts and deadline afresh); a
+    recurring one gets an extra occurrence now, published with ``now`` as
+    its execute-at, after which its chain goes on where it was."""
+    if doc["status"] == Status.PAUSED.value:
+        raise InvalidState(
+            f"schedule {public_id(str(doc['_id']))!r} is PAUSED: resume it first", "status"
+        )
+    _require(doc, {Status.PENDING}, "triggered")
+    if doc.get("recurrence"):
+        return Change({"triggeredAt": now, "dueAt": now, "attempts": 0}, due_at=now)
+    sets: dict[str, Any] = {"executeAt": now, "dueAt": now, "attempts": 0}
+    if doc.get("expireAfterMs") is not None:
+        sets.update(expiry_fields(now, int(doc["expireAfterMs"]) * _MS))
+    return Change(sets, due_at=now)
+
+
+def redrive(doc: dict[str, Any], now: datetime) -> Change:
+    """DELIVERY_FAILED -> PENDING, due now with fresh attempts (and a fresh
+    deadline); no longer to be removed by retention."""
+    _require(doc, {Status.DELIVERY_FAILED}, "retried")
+    sets: dict[str, Any] = {"status": Status.PENDING.value, "dueAt": now, "attempts": 0}
+    if doc.get("expireAfterMs") is not None:
+        sets.update(expiry_fields(now, int(doc["expireAfterMs"]) * _MS))
+    return Change(sets, frozenset({"expireAt"}), due_at=now)
+
+
+def _set_or_clear(
+    sets: dict[str, Any], unsets: set[str], name: str, named: frozenset[str], value: Any
+) -> None:
+    if name not in named:
+        return
+    if value is None:
+        unsets.add(name)
+    else:
+        sets[name] = value
+
+
+def _require(doc: dict[str, Any], allowed: set[Status] | frozenset[Status], verb: str) -> None:
+    status = doc["status"]
+    if Status(status) in allowed:
+        return
+    schedule_id = public_id(str(doc["_id"]))
+    if status == Status.IN_FLIGHT.value:
+        raise ScheduleInFlight(
+            f"schedule {schedule_id!r} is being delivered; try again in a moment",
+            "status",
+            retry_after=1,
+        )
+    wanted = " or ".join(sorted(s.value for s in allowed))
+    raise InvalidState(
+        f"schedule {schedule_id!r} is {status}; only a {wanted} schedule can be {verb}", "status"
+    )

@@ -1,0 +1,149 @@
+"""What a listing or a bulk cancel asks of ``schedules``: its filter, its
+order, and the one index that serves it (``documents.INDEXES``).
+
+Each filter is served by an index whose leading fields it fixes by equality
+(the tenant, then a label, a key, a topic or a status), so the store reads
+one range of that index and nothing outside it; the other conditions are
+applied within that range. The index is named (``hint``): the planner of a
+real MongoDB would likely pick it anyway, the hint makes the cost a
+property of the code rather than of the planner's guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from node.schedule.model import Status, storage_id
+
+ASCENDING = 1
+# After every character an id may hold ([A-Za-z0-9._:-]): the end of the
+# range of ids starting with a prefix.
+_PAST_ID_CHARACTERS = "\x7f"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cursor:
+    """Where a page ended: the last id, and its dueAt for due-ordered pages."""
+
+    after: str
+    due: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listing:
+    tenant: str | None  # None: every tenant (an operator's listing, auth off)
+    limit: int
+    status: str | None = None
+    labels: tuple[str, ...] = ()  # "name=value" pairs, all must match
+    topic: str | None = None
+    key: str | None = None
+    due_after: datetime | None = None  # dueAt >= due_after
+    due_before: datetime | None = None  # dueAt < due_before
+    after: Cursor | None = None
+
+    @property
+    def by_due(self) -> bool:
+        """Ordered by due time: a listing by status or due window alone."""
+        return not (self.labels or self.key or self.topic) and (
+            self.status is not None or self.due_after is not None or self.due_before is not None
+        )
+
+    @property
+    def index(self) -> str | None:
+        """The index the page is read from (None: no tenant to bound it by)."""
+        if self.tenant is None:
+            return None
+        if self.labels:
+            return "by_tenant_label"
+        if self.key is not None:
+            return "by_tenant_key"
+        if self.topic is not None:
+            return "by_tenant_topic"
+        if self.by_due:
+            return "by_tenant_status_due"
+        return "by_tenant_id"
+
+    @property
+    def count_index(self) -> str | None:
+        """The index the counts per status are read from: the page's, or for a
+        listing of everything, the one whose prefix is (tenant, status)."""
+        if self.index == "by_tenant_id":
+            return "by_tenant_status_due"
+        return self.index
+
+    def order(self) -> list[tuple[str, int]]:
+        if self.by_due:
+            return [("dueAt", ASCENDING), ("_id", ASCENDING)]
+        return [("_id", ASCENDING)]
+
+    def filter(self, *, status: str | None = None, paged: bool = True) -> dict[str, Any]:
+        """The page's filter; ``status`` replaces the listing's own (counts),
+        and ``paged`` False leaves the cursor out."""
+        status = status if status is not None else self.status
+        query: dict[str, Any] = {}
+        if self.tenant is not None:
+            query["tenant"] = self.tenant
+        if self.labels:
+            query["labels"] = (
+                self.labels[0] if len(self.labels) == 1 else {"$all": list(self.labels)}
+            )
+        if self.key is not None:
+            query["key"] = self.key
+        if self.topic is not None:
+            query["topic"] = self.topic
+        if status is not None:
+            query["status"] = status
+        elif self.index == "by_tenant_status_due" and self.by_due:
+            # Every status, so the index's second field is bounded too: one
+            # range per status, merged in due order.
+            query["status"] = {"$in": [s.value for s in Status]}
+        due: dict[str, Any] = {}
+        if self.due_after is not None:
+            due["$gte"] = self.due_after
+        if self.due_before is not None:
+            due["$lt"] = self.due_before
+        if due:
+            query["dueAt"] = due
+        if paged and self.after is not None:
+            if self.by_due and self.after.due is not None:
+                query["$or"] = [
+                    {"dueAt": {"$gt": self.after.due}},
+                    {"dueAt": self.after.due, "_id": {"$gt": self.after.after}},
+                ]
+            else:
+                query["_id"] = {"$gt": self.after.after}
+        return query
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selector:
+    """What a bulk cancel matches: labels (all), a key, an id prefix, and
+    optionally a due bound; at least one of the first three."""
+
+    labels: tuple[str, ...] = ()
+    key: str | None = None
+    id_prefix: str | None = None
+    due_before: datetime | None = None
+
+    @property
+    def index(self) -> str:
+        if self.labels:
+            return "by_tenant_label"
+        if self.key is not None:
+            return "by_tenant_key"
+        return "by_tenant_id"
+
+    def filter(self, tenant: str) -> dict[str, Any]:
+        query: dict[str, Any] = {"tenant": tenant}
+        if self.labels:
+            query["labels"] = {"$all": list(self.labels)}
+        if self.key is not None:
+            query["key"] = self.key
+        if self.id_prefix is not None:
+            first = storage_id(tenant, self.id_prefix)
+            query["_id"] = {"$gte": first, "$lt": first + _PAST_ID_CHARACTERS}
+        if self.due_before is not None:
+            query["dueAt"] = {"$lt": self.due_before}
+        return query
