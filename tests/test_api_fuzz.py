@@ -108,6 +108,17 @@ VALID_BODIES: dict[tuple[str, str], Any] = {
         "sentAt": "2030-01-01T08:59:59.500Z",
     },
     ("PUT", "/v1/chaos/partition"): {"blocked": ["127.0.0.1:1"]},
+    ("PATCH", "/v1/schedules/{schedule_id}"): {
+        "executeAt": "2030-01-02T09:00:00Z",
+        "payload": {"order": 2},
+        "labels": {"training": "t-1"},
+        "expireAfter": "PT90M",
+    },
+    ("POST", "/v1/schedules:cancel"): {
+        "labels": {"training": "t-1"},
+        "key": "order-1",
+        "dueBefore": "2030-01-02T09:00:00Z",
+    },
 }
 
 

@@ -127,3 +127,40 @@ def test_only_a_missed_occurrence_under_skip_is_skipped() -> None:
     assert skipped.occurrence is not None
     assert skipped.occurrence.next_at == NOW + timedelta(minutes=4)
     assert skipped.occurrence.skipped == 3
+
+
+# -- expiry and triggered occurrences ------------------------------------------------
+
+
+def test_a_one_shot_expires_only_past_its_deadline_and_a_recurring_one_never() -> None:
+    deadline = NOW + timedelta(seconds=30)
+    assert not RULES.should_expire(one_shot(deadline=deadline), deadline)
+    assert RULES.should_expire(one_shot(deadline=deadline), deadline + timedelta(milliseconds=1))
+    assert not RULES.should_expire(one_shot(), NOW + timedelta(days=9))
+    assert not RULES.should_expire(recurring(NOW, deadline=deadline), NOW + timedelta(days=1))
+    ended = RULES.expired(one_shot(deadline=deadline), NOW + timedelta(minutes=1))
+    assert (ended.outcome, ended.status) == (Outcome.EXPIRED, Status.EXPIRED)
+
+
+def test_a_triggered_occurrence_is_never_skipped_and_leaves_its_chain_where_it_was() -> None:
+    waiting_for = NOW - timedelta(hours=1)  # a chain far behind, under the skip policy
+    triggered = recurring(waiting_for, misfire=Misfire.SKIP, triggeredAt=NOW)
+    assert triggered.triggered and triggered.execute_at == NOW
+    assert not RULES.should_skip(triggered, NOW)
+    assert RULES.should_skip(recurring(waiting_for, misfire=Misfire.SKIP), NOW)
+    done = RULES.delivered(triggered, NOW)
+    assert (done.status, done.due_at, done.extra, done.occurrence) == (
+        Status.PENDING,
+        waiting_for,
+        True,
+        None,
+    )
+    failed = RULES.failed(recurring(waiting_for, attempts=2, triggeredAt=NOW), "no", NOW)
+    assert (failed.outcome, failed.status, failed.due_at, failed.extra) == (
+        Outcome.FAILED,
+        Status.PENDING,
+        waiting_for,
+        True,
+    )
+    retried = RULES.failed(recurring(waiting_for, attempts=0, triggeredAt=NOW), "no", NOW)
+    assert (retried.outcome, retried.extra) == (Outcome.RETRYING, False)

@@ -276,7 +276,10 @@ SCHEMAS: dict[str, Any] = {
             "at": {"type": "string", "format": "date-time"},
             "executeAt": {"type": "string", "format": "date-time", "description": "occurrence"},
             "attempt": {"type": "integer"},
-            "outcome": {"type": "string", "enum": ["delivered", "retrying", "failed", "skipped"]},
+            "outcome": {
+                "type": "string",
+                "enum": ["delivered", "retrying", "failed", "skipped", "expired"],
+            },
             "node": {"type": "string"},
             "token": {"type": "integer", "description": "the lease's fencing token"},
             "error": {"type": ["string", "null"]},

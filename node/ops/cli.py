@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser(
             "ctl",
             help="operate a cluster over the HTTP API",
-            description="members, bucket owners, schedule/get/cancel, drain",
+            description="members, bucket owners, schedule, get, list, reschedule, pause, resume, "
+            "trigger, retry, cancel (one, or by label/key/id prefix), drain",
         )
     )
     return parser
