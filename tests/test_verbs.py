@@ -669,3 +669,24 @@ async def test_the_cluster_counts_name_every_status_of_this_node_s_buckets(
         "PENDING": 1, "PAUSED": 1, "IN_FLIGHT": 0, "DELIVERED": 0,
         "DELIVERY_FAILED": 0, "CANCELLED": 1, "EXPIRED": 0,
     }  # fmt: skip
+
+
+async def test_a_claim_of_a_copy_read_before_a_patch_takes_nothing(
+    start_node: NodeFactory,
+) -> None:
+    """The poller reads due work, a PATCH lands, then the claim: the claim
+    must not take the schedule, or it would publish the copy it read (the
+    old payload, the old time) after the PATCH was answered 200."""
+    node = await start_node()
+    node.node.poller.stop()  # this test is the only claimer
+    store = node.node.store
+    await post(node, {"id": "v", "topic": unique("stale-read"), "executeAt": at(0), "payload": 1})
+    bucket = (await get(node, "v"))["bucket"]
+    [read] = await store.find_due(bucket, datetime.now(UTC), 10)
+    status, changed = await node.request("PATCH", "/v1/schedules/v", json={"payload": 2})
+    assert status == 200, changed
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    assert await store.claim([read], {read["bucket"]: 1}, "poller", now) == []
+    [fresh] = await store.find_due(read["bucket"], now, 10)
+    [claimed] = await store.claim([fresh], {read["bucket"]: 1}, "poller", now)
+    assert bytes(claimed.doc["payload"]) == b"2"

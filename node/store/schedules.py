@@ -456,25 +456,29 @@ class ScheduleStore:
         """PENDING -> IN_FLIGHT under each bucket's token, one round trip.
 
         The filter takes a schedule only if it is still PENDING, due by
-        ``now`` and no newer token has written it. Usually every one matches;
-        when some do not (cancelled, rescheduled, taken by a newer owner) a
-        second read finds which.
+        ``now``, no newer token has written it, and nothing has changed it
+        since it was read (its ``version``): what is published is exactly
+        the document read, never a copy a PATCH has replaced meanwhile.
+        Usually every one matches; when some do not (cancelled, changed,
+        taken by a newer owner) a second read finds which.
         """
         # Grouped by token value, not by bucket: each id's own bucket is in
         # the filter with it, so "these ids, token <= T" fences each by its
         # own bucket's token, and a batch spread over a hundred buckets costs
         # a statement per IDS_PER_STATEMENT schedules instead of a hundred.
         # Each once: a schedule listed twice would come back claimed twice.
+        # By version too (a fresh one-shot's is 1, so most share one group).
         docs = list({d["_id"]: d for d in docs}.values())
-        by_token: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        by_token: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
         for doc in docs:
-            by_token[tokens[doc["bucket"]]].append(doc)
+            by_token[tokens[doc["bucket"]], version_of(doc)].append(doc)
         ops = [
             UpdateMany(
                 {
                     **_ids_and_buckets(chunk),
                     "status": Status.PENDING.value,
                     "dueAt": {"$lte": now},
+                    "version": version_filter(version),
                     **self._fence("$lte", token),
                 },
                 {
@@ -489,7 +493,7 @@ class ScheduleStore:
                     "$inc": {"attempts": 1, "runs": 1, "version": 1},
                 },
             )
-            for token, group in by_token.items()
+            for (token, version), group in by_token.items()
             for chunk in _chunks(group)
         ]
         if not ops:
