@@ -76,11 +76,15 @@ async def test_a_hung_store_is_a_503_not_a_hang_and_the_lease_loop_goes_on(
     node, process = frozen
     errors_before = await metric(node, "scheduler_lease_errors_total")
     body = {"topic": "hung", "executeAt": later(), "payload": 1}
+
     # A hang guard, not a performance assertion: before, this never answered.
-    status, answer = await asyncio.wait_for(
-        node.request("POST", "/v1/schedules", json=body), timeout=60
-    )
+    async def post() -> tuple[int, Any, str | None]:
+        async with node.session.post(node.url + "/v1/schedules", json=body) as response:
+            return response.status, await response.json(), response.headers.get("Retry-After")
+
+    status, answer, retry_after = await asyncio.wait_for(post(), timeout=60)
     assert status == 503 and answer["error"]["code"] == "store_unavailable"
+    assert retry_after == "1"  # a client waits a moment, not a tight loop
     status, answer = await asyncio.wait_for(node.request("GET", "/readyz"), timeout=60)
     assert status == 503 and answer["checks"]["store"] is False
 

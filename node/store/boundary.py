@@ -46,6 +46,10 @@ def store_call(
         try:
             return await method(*args, **kwargs)
         except PyMongoError as exc:
-            raise StoreUnavailable("the schedule store is unreachable; retry") from exc
+            # Retry-After 1: a client's retry loop then spans a store's blip
+            # (or reaches another node) instead of spending its tries at once.
+            raise StoreUnavailable(
+                "the schedule store is unreachable; retry", retry_after=1
+            ) from exc
 
     return call
