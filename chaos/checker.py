@@ -1,14 +1,34 @@
 """The invariants of a chaos run, judged from what the load generator was
 told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
 
-* lost: accepted, not cancelled, never delivered;
+* lost: accepted, not cancelled (by a DELETE or a bulk cancel) nor still
+  paused at the end, never delivered (a rescheduled one: never by a record
+  carrying its last executeAt);
 * early: delivered before its executeAt, by the record's timestamp (which
   the node stamps with its estimate of the store's clock, not its own wall
   clock, so a node whose clock is off is judged like any other) or, where
   recorded, by when the runner received it (``Delivery.received``, the
   runner's own clock, the one executeAt was written with): a record read
   before it was due was sent early, whatever any node's clock says;
-* cancelled but delivered: a DELETE that answered 200 and a record anyway;
+* cancelled but delivered: a DELETE that answered 200 and a record anyway,
+  or a record published (by its timestamp) after the 200 of the bulk cancel
+  (``POST /v1/schedules:cancel``) that took the schedule. A bulk cancel
+  answers only a count, so which schedules it took the runner asks after
+  the run (their status, CANCELLED); a record from before the 200 is one
+  the schedule had out before it went back to PENDING (a dead owner's
+  publish, redone), not a breach. A bulk-cancelled schedule is not lost;
+* delivered while paused: a record published after a pause's 200 and
+  before its resume was asked (or at all after it, when it was never
+  resumed). A schedule still paused at the end is owed nothing (not lost);
+  a resumed one is owed its delivery again, and its lateness counts from
+  the resume's answer, not from its executeAt;
+* rescheduled at the wrong time: a PATCH moved the schedule's executeAt,
+  and a record carries (header ``execute-at``) a time it was moved off,
+  published after the 200 of the PATCH that moved it off, or a time it never
+  had. A rescheduled schedule is delivered (else lost) only by a record
+  carrying its last executeAt (either of its last two when its last PATCH
+  has no known outcome), and judged early or late against the time the
+  record carries;
 * duplicates: delivered more than once. Each duplicated unit gets one kind,
   with the copies and the fault that explain it as evidence:
 
@@ -46,10 +66,12 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   A unit with repeats of several kinds counts once, as the kind that needs
   the most evidence (``KINDS``, last wins): a same-claim repeat is never
   hidden by an owner change of the same unit;
-* stale claims: a delivery under token t of a schedule that fell due after
-  a newer token t' of its bucket had already delivered something. Claims
-  take only due schedules, so t claimed it while t' held the bucket: two
-  live owners, the double claim the fence exists to prevent. (A former
+* stale claims: a delivery under token t of a schedule that fell due (at
+  the execute-at its record carries, where noted: a rescheduled one had
+  others) after a newer token t' of its bucket had already delivered
+  something. Claims take only due schedules, so t claimed it while t' held
+  the bucket: two live owners, the double claim the fence exists to
+  prevent. (A former
   owner finishing a batch it claimed before losing the lease delivers only
   schedules due before the new owner's first delivery: never flagged.)
 * vanished: seen in the topic during the run, gone when a fresh reader
@@ -76,7 +98,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -115,6 +137,13 @@ KINDS = (
 DEFERRED_MIN_GAP = 0.5
 # Duplicated units listed with their copies in a result, failures first.
 EXPLAINED_LIMIT = 50
+# A record stamped later than a verb's 200 (the runner's clock) by more than
+# this was published after the verb took effect. The record's timestamp is
+# the publishing node's reading of the store's clock, which is the runner's
+# host clock here give or take its estimate's error (milliseconds).
+ANSWER_TOLERANCE = 0.05
+# executeAt values are whole milliseconds: two this close are one time.
+SAME_TIME = 0.0005
 
 
 @dataclass(frozen=True)
@@ -131,6 +160,8 @@ class Delivery:
     offset: int | None = None
     # When the runner read it (epoch seconds, its own clock); None: not noted.
     received: float | None = None
+    # The record's execute-at header (epoch seconds); None: not noted.
+    execute_at: float | None = None
 
     @property
     def schedule(self) -> str:
@@ -150,6 +181,38 @@ class Window:
 
     def holds(self, at: float) -> bool:
         return self.start <= at <= self.end
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the load did to its schedules after creating them, besides the
+    DELETEs (``cancelled``): the verbs of issue 19. Times are epoch seconds
+    of the runner's clock, each when the call answered (or, for a call whose
+    outcome the runner settled after the run, when it gave up on the answer).
+
+    ``bulk_cancelled``: unit -> when the bulk cancel that took it answered;
+    ``paused``: unit -> its pauses, each (when the pause answered 200, when
+    its resume was sent, or None: never resumed);
+    ``resumed``: unit -> when its resume answered (lateness counts from there);
+    ``moved``: unit -> every executeAt it had, in order, each with when the
+    PATCH that set it answered (None for the first, as created); the last is
+    the one in force;
+    ``unsure``: moved units whose last PATCH has no known outcome: their last
+    two times are both acceptable."""
+
+    bulk_cancelled: Mapping[str, float] = field(default_factory=dict)
+    paused: Mapping[str, Sequence[tuple[float, float | None]]] = field(default_factory=dict)
+    resumed: Mapping[str, float] = field(default_factory=dict)
+    moved: Mapping[str, Sequence[tuple[float, float | None]]] = field(default_factory=dict)
+    unsure: frozenset[str] = frozenset()
+
+    def still_paused(self) -> set[str]:
+        return {u for u, spans in self.paused.items() if any(end is None for _, end in spans)}
+
+    def in_force(self, unit: str) -> list[float]:
+        """The executeAt values a record of a moved unit may carry."""
+        times = [at for at, _ in self.moved[unit]]
+        return times[-2:] if unit in self.unsure else times[-1:]
 
 
 @dataclass(frozen=True)
@@ -191,8 +254,10 @@ def check(
     kept: set[str] | None = None,
     store_crashes: Sequence[float | Window] = (),
     broker_faults: Sequence[Window] = (),
+    changes: Changes | None = None,
 ) -> dict[str, Any]:
-    """``accepted``: schedule id -> executeAt (epoch seconds); ``buckets``:
+    """``accepted``: schedule id -> executeAt (epoch seconds; a moved one's
+    last); ``changes``: what the verbs did besides DELETEs; ``buckets``:
     the cluster's bucket count, to tell each schedule's bucket; ``kept``:
     the ids a fresh reader found in the topic at the end (None: not read);
     ``store_crashes``: when the database was killed (epoch seconds, or a
@@ -203,8 +268,45 @@ def check(
     by_id: dict[str, list[Delivery]] = defaultdict(list)
     for delivery in deliveries:
         by_id[delivery.schedule_id].append(delivery)
-    lost = sorted(set(accepted) - cancelled - set(by_id))
-    cancelled_delivered = sorted(cancelled & set(by_id))
+    changes = changes or Changes()
+
+    def due(d: Delivery) -> float:
+        """The time a record is judged against: the one it carries, for a
+        moved unit (whose accepted time is only its last)."""
+        if d.schedule_id in changes.moved and d.execute_at is not None:
+            return d.execute_at
+        return accepted[d.schedule_id]
+
+    # The copies that count as the unit's delivery: a moved unit's carry a
+    # time in force.
+    owed: dict[str, list[Delivery]] = {}
+    for unit, copies in by_id.items():
+        if unit in changes.moved:
+            copies = [d for d in copies if _carries(d, changes.in_force(unit))]
+        if copies:
+            owed[unit] = copies
+    still_paused = changes.still_paused()
+    lost = sorted(
+        set(accepted) - cancelled - set(changes.bulk_cancelled) - still_paused - set(owed)
+    )
+    cancelled_delivered = sorted(
+        (cancelled & set(by_id))
+        | {
+            unit
+            for unit, answered in changes.bulk_cancelled.items()
+            if any(d.at > answered + ANSWER_TOLERANCE for d in by_id.get(unit, ()))
+        }
+    )
+    paused_delivered = sorted(
+        unit
+        for unit, spans in changes.paused.items()
+        if any(_inside(d.at, start, end) for d in by_id.get(unit, ()) for start, end in spans)
+    )
+    wrong_time = sorted(
+        unit
+        for unit, times in changes.moved.items()
+        if any(_wrong_time(d, times, changes.in_force(unit)) for d in by_id.get(unit, ()))
+    )
     crashes = [_as_window(crash) for crash in store_crashes]
     duplicates = [
         _explain(unit, copies, broker_faults, crashes)
@@ -218,15 +320,19 @@ def check(
     lateness: list[tuple[float, float]] = []  # (executeAt, lateness)
     early: list[str] = []
     early_received: list[str] = []
-    for schedule_id, execute_at in accepted.items():
-        if schedule_id in by_id:
-            first = min(d.at for d in by_id[schedule_id])
-            if first < execute_at - EARLY_TOLERANCE:
+    for schedule_id in accepted:
+        if schedule_id in owed:
+            copies = owed[schedule_id]
+            if any(d.at < due(d) - EARLY_TOLERANCE for d in copies):
                 early.append(schedule_id)
-            received = [d.received for d in by_id[schedule_id] if d.received is not None]
-            if received and min(received) < execute_at - EARLY_TOLERANCE:
+            if any(
+                d.received is not None and d.received < due(d) - EARLY_TOLERANCE for d in copies
+            ):
                 early_received.append(schedule_id)
-            lateness.append((execute_at, max(0.0, first - execute_at)))
+            first = min(copies, key=lambda d: d.at)
+            # A resumed schedule was not to go out before its resume.
+            since = max(due(first), changes.resumed.get(schedule_id, due(first)))
+            lateness.append((since, max(0.0, first.at - since)))
     stale = _stale_claims(accepted, deliveries, buckets)
     vanished = sorted(set(by_id) - kept) if kept is not None else []
     reused = _offsets_reused(deliveries)
@@ -234,9 +340,17 @@ def check(
     return {
         "accepted": len(accepted),
         "cancelled": len(cancelled),
+        "bulk_cancelled": len(changes.bulk_cancelled),
+        "paused": len(changes.paused),
+        "resumed": len(changes.resumed),
+        # (One a bulk cancel took while it was paused is counted there.)
+        "still_paused": len(still_paused - set(changes.bulk_cancelled)),
+        "rescheduled": len(changes.moved),
         "delivered": len(by_id),
         **_counted("lost", lost),
         **_counted("cancelled_delivered", cancelled_delivered),
+        **_counted("paused_delivered", paused_delivered),
+        **_counted("rescheduled_wrong_time", wrong_time),
         **_counted("early", sorted(early)),
         **_counted("early_received", sorted(early_received)),
         "duplicates": len(duplicates),
@@ -279,6 +393,8 @@ def passed(result: Mapping[str, Any]) -> bool:
             "lost",
             "early",
             "cancelled_delivered",
+            "paused_delivered",
+            "rescheduled_wrong_time",
             "duplicates_same_claim",
             "stale_claims",
             "vanished",
@@ -348,6 +464,33 @@ def _one_claim(
             yield SAME_CLAIM, None
 
 
+def _carries(delivery: Delivery, times: Sequence[float]) -> bool:
+    """Whether the record carries one of ``times`` (a record whose header was
+    not noted is taken to)."""
+    carried = delivery.execute_at
+    return carried is None or any(abs(carried - t) <= SAME_TIME for t in times)
+
+
+def _inside(at: float, start: float, end: float | None) -> bool:
+    """Whether a record stamped ``at`` was published while the schedule was
+    paused: after the pause's 200, before its resume was sent."""
+    return start + ANSWER_TOLERANCE < at and (end is None or at < end - ANSWER_TOLERANCE)
+
+
+def _wrong_time(
+    delivery: Delivery, times: Sequence[tuple[float, float | None]], in_force: Sequence[float]
+) -> bool:
+    """A record of a moved unit carrying a time it never had, or one a PATCH
+    had moved it off before the record was published."""
+    if _carries(delivery, in_force):
+        return False
+    had = [i for i, (t, _) in enumerate(times) if _carries(delivery, [t])]
+    if not had or had[-1] + 1 >= len(times):
+        return True
+    moved_off = times[had[-1] + 1][1]
+    return moved_off is None or delivery.at > moved_off + ANSWER_TOLERANCE
+
+
 def _first(windows: Iterable[Window]) -> Window | None:
     return next(iter(windows), None)
 
@@ -410,6 +553,10 @@ def _stale_claims(
         due = accepted.get(d.schedule_id)
         if due is None:
             continue
+        if d.execute_at is not None:
+            # The time the record was claimed for: a rescheduled schedule's
+            # accepted time is only its last.
+            due = d.execute_at
         newer = by_bucket[bucket_for(d.schedule, buckets)]
         if any(t > d.token and first < due - EARLY_TOLERANCE for t, first in newer):
             stale.add(d.schedule_id)

@@ -21,6 +21,16 @@ def iso(when: datetime) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def epoch(text: str) -> float | None:
+    """An ``iso`` time (as the API and the record headers write them) as
+    epoch seconds; None for anything else."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
 class Recorder:
     """Every record of the topic, from the beginning, named by the unit the
     checker judges: the schedule id, or for the ids in ``recurring`` one
@@ -67,6 +77,8 @@ class Recorder:
             partition=record.partition,
             offset=record.offset,
             received=received,
+            # The time it was published for: a rescheduled schedule had others.
+            execute_at=epoch(headers.get("execute-at", b"").decode()),
         )
 
     async def stop(self) -> None:

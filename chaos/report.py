@@ -52,6 +52,17 @@ def render_html(result: dict[str, Any]) -> str:
         ),
         ("cancelled but delivered", result["cancelled_delivered"]),
         (
+            "rescheduled; paused (resumed, still paused); taken by bulk cancels",
+            f"{result.get('rescheduled', 0)}; {result.get('paused', 0)} "
+            f"({result.get('resumed', 0)}, {result.get('still_paused', 0)}); "
+            f"{result.get('bulk_cancelled', 0)}",
+        ),
+        ("delivered while paused", result.get("paused_delivered", 0)),
+        (
+            "rescheduled but delivered at a time it was moved off",
+            result.get("rescheduled_wrong_time", 0),
+        ),
+        (
             "duplicates (under one claim; across a database crash)",
             f"{result['duplicates']} ({result['duplicates_same_claim']}; "
             f"{result['duplicates_across_store_crash']})",

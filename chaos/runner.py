@@ -3,11 +3,33 @@ node processes on the embedded stack, under load, and checks the outcome
 (``chaos/checker.py``).
 
 The load posts ``rate`` schedules per second through random ready nodes, due
-0-4 s ahead (one in twenty already due); one in fifty is cancelled a moment
-later. A 200 on the DELETE counts it as cancelled; a DELETE with no answer
-(the node was paused or cut off mid-request, and may have cancelled it) or a
-5xx (the store failed mid-call, perhaps after the cancel landed) is settled
-after the run by asking a node for the schedule. Each fault gets
+0-4 s ahead (one in twenty already due), each labelled with one of GROUPS
+groups; one in fifty is cancelled a moment later. A 200 on the DELETE counts
+it as cancelled; a DELETE with no answer (the node was paused or cut off
+mid-request, and may have cancelled it) or a 5xx (the store failed
+mid-call, perhaps after the cancel landed) is settled after the run by
+asking a node for the schedule.
+
+The verbs of issue 19 are in every scenario's load (the runner's, not a
+scenario's field: every fault should meet them, and at these shares the
+load stays what it was):
+
+* RESCHEDULE_SHARE of the schedules get a PATCH of their executeAt (later
+  or earlier, at least half a second ahead) up to a second after their
+  create, some of them twice; half of them with ``If-Match`` (the version
+  the last answer gave). A 200 moves the time they are owed at; a 409 (in
+  flight already, or final) or a 412 leaves the time they had;
+* PAUSE_SHARE are paused up to a second after their create, and half of
+  those resumed 0.5-3 s later: a paused one must not go out until resumed,
+  a resumed one is owed again, one never resumed is owed nothing;
+* BULK_CANCELS times a run, ``POST /v1/schedules:cancel`` takes the
+  PENDING and PAUSED schedules of one group (a different one each time)
+  due within BULK_AHEAD seconds.
+
+A verb with no answer or a 5xx (a PATCH, a pause, a resume), and every
+member of a bulk-cancelled group (a bulk cancel answers only a count), is
+settled after the run from the schedule's view (status, executeAt); the
+checker (``chaos.checker.Changes``) judges the lot. Each fault gets
 a window from its start to the end of the recovery allowance (failure
 detection plus a lease TTL); lateness is reported inside each window and
 outside all of them. After each fault the runner also measures how long the
@@ -37,10 +59,10 @@ import aiohttp
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from chaos.checker import Window, check, occurrence, passed
-from chaos.cluster import LocalCluster, get_json
+from chaos.checker import SAME_TIME, Changes, Window, check, occurrence, passed
+from chaos.cluster import LocalCluster
 from chaos.garbage import Garbage, dropped, flood
-from chaos.harness import Recorder, broker_stores, iso, until
+from chaos.harness import Recorder, broker_stores, epoch, iso, until
 from chaos.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
@@ -52,6 +74,15 @@ from node.tenants.model import Tenant
 # with room to spare.
 RECOVERY_ALLOWANCE = 20.0
 CANCEL_SHARE = 0.02
+# Issue 19's verbs (the module docstring): shares of the schedules created.
+RESCHEDULE_SHARE = 0.04
+RESCHEDULE_AGAIN = 0.25  # of the rescheduled, moved once more
+PAUSE_SHARE = 0.03
+RESUME_SHARE = 0.5  # of the paused, resumed
+VERB_DELAY = 1.0  # a verb follows its schedule's create by up to this (seconds)
+GROUPS = 8  # each schedule's label {"group": "g<k>"}
+BULK_CANCELS = 3  # bulk cancels a run, each of its own group
+BULK_AHEAD = 3.0  # seconds: a bulk cancel's dueBefore, from when it is sent
 BUCKETS = 256  # the nodes' default bucket count
 GRACE = 60.0  # after the load, how long every accepted schedule may take to arrive
 # Recurring schedules running through every fault: each occurrence must be
@@ -158,6 +189,23 @@ class Run:
         # DELETEs without an answer (timed out, connection cut): cancelled or
         # not is asked again after the run, when a node can say.
         self.cancel_unknown: set[str] = set()
+        # The verbs (module docstring). Times are epoch seconds of this clock.
+        self.groups: dict[str, str] = {}  # schedule -> its label's group
+        # Every executeAt a rescheduled one had, each with when the PATCH that
+        # set it answered (None: as created); the last is in ``accepted``.
+        self.reschedules: dict[str, list[tuple[float, float | None]]] = {}
+        self.patch_unknown: dict[str, tuple[float, float]] = {}  # -> (its executeAt, gave up)
+        self.unsure: set[str] = set()  # rescheduled, the last PATCH never settled
+        # Paused: (its 200, when its resume was sent or None: still paused).
+        self.pauses: dict[str, tuple[float, float | None]] = {}
+        self.pause_unknown: dict[str, float] = {}  # -> when it gave up on the answer
+        self.resumed: dict[str, float] = {}  # -> when the resume answered 200
+        self.resume_unknown: dict[str, float] = {}  # -> when it gave up (or was refused)
+        self.bulk: dict[str, float] = {}  # group -> when its bulk cancel last answered
+        self.bulk_calls: list[dict[str, Any]] = []
+        self.bulk_cancelled: dict[str, float] = {}  # schedule -> its group's self.bulk
+        self.verbs: Counter[str] = Counter()  # each verb's answers, as "pause 409 in_flight"
+        self._members_seen: set[str] = set()  # of bulk-cancelled groups, settled already
         self.refusals: Counter[str] = Counter()
         self.events: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []  # each node's view, once a second
@@ -547,11 +595,20 @@ class Run:
     # -- load --------------------------------------------------------------------
 
     async def _post(self, session: aiohttp.ClientSession, i: int) -> None:
+        """Create schedule ``s<i>``; then, drawn by their shares, cancel,
+        reschedule or pause it."""
         lead = 0.0 if self.rng.random() < 0.05 else self.rng.uniform(1.0, 4.0)
-        execute_at = datetime.now(UTC) + timedelta(seconds=lead)
-        execute_at = execute_at.replace(microsecond=execute_at.microsecond // 1000 * 1000)
+        execute_at = _to_ms(datetime.now(UTC) + timedelta(seconds=lead))
         schedule_id = f"s{i}"
-        body = {"id": schedule_id, "topic": self.topic, "executeAt": iso(execute_at), "payload": i}
+        group = f"g{self.rng.randrange(GROUPS)}"
+        body = {
+            "id": schedule_id,
+            "topic": self.topic,
+            "executeAt": iso(execute_at),
+            "payload": i,
+            "labels": {"group": group},
+        }
+        version: int | None = None
         last = ""
         for _ in range(6):
             nodes = self._running()
@@ -564,6 +621,8 @@ class Run:
                 async with session.post(url + "/v1/schedules", json=body) as r:
                     if r.status in (200, 201):
                         self.accepted[schedule_id] = execute_at.timestamp()
+                        self.groups[schedule_id] = group
+                        version = _version(await _json(r))
                         break
                     last = f"HTTP {r.status} {(await r.text())[:200]}"
                     # A client keeps the API's contract: a 503 says when to
@@ -576,8 +635,14 @@ class Run:
         else:
             self.refusals[last] += 1
             return
-        if lead > 0.5 and self.rng.random() < CANCEL_SHARE:
-            await self._cancel(session, schedule_id)
+        draw = self.rng.random()
+        if draw < CANCEL_SHARE:
+            if lead > 0.5:
+                await self._cancel(session, schedule_id)
+        elif draw < CANCEL_SHARE + RESCHEDULE_SHARE:
+            await self._reschedule(session, schedule_id, version)
+        elif draw < CANCEL_SHARE + RESCHEDULE_SHARE + PAUSE_SHARE:
+            await self._pause(session, schedule_id)
 
     async def _chain(self, session: aiohttp.ClientSession, n: int) -> None:
         """A recurring schedule every CHAIN_EVERY s over the load; its
@@ -641,27 +706,235 @@ class Run:
             # it answered: neither lost if it never arrives nor cancelled.
             self.cancel_unknown.add(schedule_id)
 
-    async def _resolve_unknown_cancels(self) -> None:
-        """Ask a node what became of each DELETE that got no answer (or a 5xx): a
-        schedule it reports CANCELLED counts as cancelled, like a 200."""
-        for schedule_id in sorted(self.cancel_unknown):
-            status = await self._status(schedule_id)
-            if status is not None:
-                self.cancel_unknown.discard(schedule_id)
-            if status == "CANCELLED":
-                self.cancelled.add(schedule_id)
+    async def _verb(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int | None, Any, float] | None:
+        """One call through a random running node: its status (None: no
+        answer), its JSON body (None: not JSON) and when it ended, noted in
+        ``verbs`` under ``method``. None: no node to ask, nothing sent."""
+        nodes = self._running()
+        if not nodes:
+            return None
+        url = self.cluster.nodes[self.rng.choice(nodes)].url + path
+        what = method if method != "POST" else path.rpartition(":")[2]  # pause, resume
+        what = "bulk cancel" if what == "cancel" else what
+        try:
+            async with session.request(method, url, json=body, headers=headers) as r:
+                data = await _json(r)
+                status: int | None = r.status
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            status, data = None, None
+        code = data.get("error", {}).get("code") if isinstance(data, dict) else None
+        self.verbs[f"{what} {status or 'no answer'}{f' {code}' if code else ''}"] += 1
+        return status, data, time.time()
 
-    async def _status(self, schedule_id: str) -> str | None:
-        """A schedule's status from the first running node that knows it."""
-        for name in self._running():
-            url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
-            try:
-                body = await asyncio.to_thread(get_json, url, self.cluster.headers)
-            except (OSError, ValueError):  # down, or not JSON
+    async def _reschedule(
+        self, session: aiohttp.ClientSession, schedule_id: str, version: int | None
+    ) -> None:
+        """PATCH a new executeAt, half a second to five ahead (later or
+        earlier than the one it had), once or twice."""
+        times: list[tuple[float, float | None]] = [(self.accepted[schedule_id], None)]
+        while True:
+            await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
+            new = _to_ms(datetime.now(UTC) + timedelta(seconds=self.rng.uniform(0.5, 5.0)))
+            # Half with the version the last answer gave: a 412 if it moved since.
+            match = version is not None and self.rng.random() < 0.5
+            answer = await self._verb(
+                session,
+                "PATCH",
+                f"/v1/schedules/{schedule_id}",
+                {"executeAt": iso(new)},
+                {"If-Match": f'"{version}"'} if match else None,
+            )
+            if answer is None:
+                return
+            status, data, at = answer
+            if status is None or status >= 500:
+                # Moved or not: its view says after the run.
+                self.patch_unknown[schedule_id] = (new.timestamp(), at)
+                return
+            if status != 200:
+                return  # in flight already, final, or changed meanwhile: the time stands
+            times.append((new.timestamp(), at))
+            self.reschedules[schedule_id] = times
+            self.accepted[schedule_id] = new.timestamp()
+            version = _version(data)
+            if self.rng.random() >= RESCHEDULE_AGAIN:
+                return
+
+    async def _pause(self, session: aiohttp.ClientSession, schedule_id: str) -> None:
+        """Pause it; resume half of those paused 0.5-3 s later."""
+        await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
+        answer = await self._verb(session, "POST", f"/v1/schedules/{schedule_id}:pause")
+        if answer is None:
+            return
+        status, _, paused = answer
+        if status is None or status >= 500:
+            self.pause_unknown[schedule_id] = paused  # paused or not: asked after the run
+            return
+        if status != 200:
+            return  # in flight already, or final: it goes on as it was
+        self.pauses[schedule_id] = (paused, None)
+        if self.rng.random() >= RESUME_SHARE:
+            return
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        sent = time.time()
+        answer = await self._verb(session, "POST", f"/v1/schedules/{schedule_id}:resume")
+        if answer is None:
+            return  # never sent: paused for good
+        self.pauses[schedule_id] = (paused, sent)
+        status, _, done = answer
+        if status == 200:
+            self.resumed[schedule_id] = done
+        else:
+            # No answer, a 5xx, or a refusal (a bulk cancel took it while it
+            # was paused): its status after the run says.
+            self.resume_unknown[schedule_id] = done
+
+    async def _bulk_cancels(self, session: aiohttp.ClientSession) -> None:
+        """BULK_CANCELS bulk cancels spread over the load, each of a group of
+        its own (so a schedule it took was taken by that one call)."""
+        groups = self.rng.sample(range(GROUPS), BULK_CANCELS)
+        times = sorted(self.rng.uniform(0.15, 0.85) * self.scenario.duration for _ in groups)
+        for group, at in zip(groups, times, strict=True):
+            delay = self._started + at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._bulk_cancel(session, f"g{group}")
+
+    async def _bulk_cancel(self, session: aiohttp.ClientSession, group: str) -> None:
+        """Cancel the group's schedules due within BULK_AHEAD s; safe to
+        repeat, so tried again on no answer or a 5xx (and while ``more``)."""
+        due_before = datetime.now(UTC) + timedelta(seconds=BULK_AHEAD)
+        body = {"labels": {"group": group}, "dueBefore": iso(due_before)}
+        call: dict[str, Any] = {
+            "group": group,
+            "at": round(time.time() - self._started, 2),
+            "cancelled": 0,
+            "answers": [],
+        }
+        ended = time.time()
+        for _ in range(6):
+            answer = await self._verb(session, "POST", "/v1/schedules:cancel", body)
+            if answer is None:
+                await asyncio.sleep(0.2)
                 continue
-            if isinstance(body, dict) and "status" in body:
-                return str(body["status"])
-        return None
+            status, data, ended = answer
+            call["answers"].append(status)
+            if status == 200 and isinstance(data, dict):
+                call["cancelled"] += int(data.get("cancelled") or 0)
+                if not data.get("more"):
+                    break
+            elif status is not None and status < 500 and status != 429:
+                break  # refused: asking again changes nothing
+            else:
+                await asyncio.sleep(0.5)
+        self.bulk[group] = ended
+        self.bulk_calls.append(call)
+
+    async def _resolve_unknown_cancels(self) -> None:
+        """The DELETEs' part of ``_resolve_unknown`` (which settles them too)."""
+        await self._resolve_unknown()
+
+    async def _resolve_unknown(self) -> None:
+        """Ask the nodes what became of each call whose outcome the run does
+        not know, from the schedule's view: a DELETE without an answer (or
+        a 5xx) whose schedule is CANCELLED counts as cancelled, like a 200;
+        the members of a bulk-cancelled group that are CANCELLED were taken
+        by it; a pause without an answer whose schedule is PAUSED counts as
+        a pause, a resume without one (or refused) whose schedule is still
+        PAUSED as no resume; a PATCH without an answer counts if the view
+        has its executeAt. A schedule no node could show stays unknown (a
+        PATCH's then counts as either time)."""
+        members = {
+            schedule_id
+            for schedule_id, group in self.groups.items()
+            if group in self.bulk and schedule_id not in self.cancelled | self._members_seen
+        }
+        ids = (
+            members
+            | self.cancel_unknown
+            | set(self.pause_unknown)
+            | set(self.resume_unknown)
+            | set(self.patch_unknown)
+        )
+        views = await self._views(sorted(ids))
+        self._members_seen |= members & set(views)
+        for schedule_id, view in views.items():
+            status = view.get("status")
+            if schedule_id in self.cancel_unknown:
+                self.cancel_unknown.discard(schedule_id)
+                if status == "CANCELLED":
+                    self.cancelled.add(schedule_id)
+            group = self.groups.get(schedule_id)
+            if status == "CANCELLED" and schedule_id not in self.cancelled and group in self.bulk:
+                self.bulk_cancelled[schedule_id] = self.bulk[group]
+            if schedule_id in self.pause_unknown:
+                gave_up = self.pause_unknown.pop(schedule_id)
+                if status == "PAUSED":
+                    self.pauses[schedule_id] = (gave_up, None)
+            if schedule_id in self.resume_unknown:
+                done = self.resume_unknown.pop(schedule_id)
+                if status == "PAUSED":
+                    self.pauses[schedule_id] = (self.pauses[schedule_id][0], None)
+                elif status != "CANCELLED":  # a bulk cancel took it while it was paused
+                    self.resumed[schedule_id] = done
+            if schedule_id in self.patch_unknown:
+                self._settle_patch(schedule_id, epoch(str(view.get("executeAt"))))
+        # What no node could show: a PATCH counts as either time (the last try).
+        for schedule_id in set(self.patch_unknown) - set(views):
+            if schedule_id in self.unsure:
+                continue
+            new, gave_up = self.patch_unknown[schedule_id]
+            times = self.reschedules.setdefault(schedule_id, [(self.accepted[schedule_id], None)])
+            times.append((new, gave_up))
+            self.unsure.add(schedule_id)
+
+    def _settle_patch(self, schedule_id: str, execute_at: float | None) -> None:
+        """A PATCH without an answer, by the executeAt its schedule's view has."""
+        new, gave_up = self.patch_unknown.pop(schedule_id)
+        times = self.reschedules.get(schedule_id, [(self.accepted[schedule_id], None)])
+        if schedule_id in self.unsure:  # counted as either time the round before
+            self.unsure.discard(schedule_id)
+            times.pop()
+        if execute_at is not None and abs(execute_at - new) <= SAME_TIME:
+            times.append((new, gave_up))
+            self.reschedules[schedule_id] = times
+            self.accepted[schedule_id] = new
+        elif execute_at is None or abs(execute_at - times[-1][0]) > SAME_TIME:
+            # Neither time (no node should show that): either may go out.
+            self.verbs["PATCH settled at neither time"] += 1
+            times.append((new, gave_up))
+            self.reschedules[schedule_id] = times
+            self.unsure.add(schedule_id)
+
+    async def _views(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each schedule's view from the first running node that shows it."""
+        found: dict[str, dict[str, Any]] = {}
+        limit = asyncio.Semaphore(16)
+        timeout = aiohttp.ClientTimeout(total=10)
+
+        async def one(session: aiohttp.ClientSession, schedule_id: str) -> None:
+            async with limit:
+                for name in self._running():
+                    url = self.cluster.nodes[name].url + f"/v1/schedules/{schedule_id}"
+                    try:
+                        async with session.get(url) as r:
+                            body = await _json(r)
+                    except (aiohttp.ClientError, TimeoutError, OSError):  # down
+                        continue
+                    if isinstance(body, dict) and "status" in body:
+                        found[schedule_id] = body
+                        return
+
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.cluster.headers) as session:
+            await asyncio.gather(*(one(session, schedule_id) for schedule_id in ids))
+        return found
 
     async def _load(self, session: aiohttp.ClientSession) -> None:
         total = int(self.scenario.rate * self.scenario.duration)
@@ -672,6 +945,7 @@ class Run:
                 await self._post(session, i)
 
         tasks = [asyncio.create_task(self._chain(session, n)) for n in range(CHAINS)]
+        tasks.append(asyncio.create_task(self._bulk_cancels(session)))
         for i in range(total):
             delay = self._started + i / self.scenario.rate - time.time()
             if delay > 0:
@@ -796,16 +1070,27 @@ class Run:
             # Every step's aftermath: heals, restarts, floods, settling.
             await asyncio.gather(*self._background)
 
-            # Waited for without the unanswered DELETEs: those are settled after.
-            expected = set(self.accepted) - self.cancelled - self.cancel_unknown
+            unanswered = len(self.cancel_unknown)
+            # Who is owed a delivery: the verbs' unknown outcomes settled, the
+            # bulk cancels' takings found. A schedule no node could show now
+            # is asked again after the wait.
+            await self._resolve_unknown()
+            still_paused = {s for s, (_, resumed) in self.pauses.items() if resumed is None}
+            expected = (
+                set(self.accepted)
+                - self.cancelled
+                - self.cancel_unknown
+                - set(self.bulk_cancelled)
+                - still_paused
+                - set(self.pause_unknown)
+            )
 
             def all_arrived() -> bool:
                 return expected <= {r[0] for r in recorder.records}
 
             await until(all_arrived, GRACE, "every accepted schedule", strict=False)
             await asyncio.sleep(2)  # late duplicates, if any, arrive too
-            unanswered = len(self.cancel_unknown)
-            await self._resolve_unknown_cancels()
+            await self._resolve_unknown()
             sampling_done.set()
             await sampler
             garbage_failed = self._judge_garbage()
@@ -841,6 +1126,13 @@ class Run:
                     ),
                     *broker_stalls(self.samples, self._started),
                 ],
+                changes=Changes(
+                    bulk_cancelled=self.bulk_cancelled,
+                    paused={s: [span] for s, span in self.pauses.items()},
+                    resumed=self.resumed,
+                    moved=self.reschedules,
+                    unsure=frozenset(self.unsure),
+                ),
             )
             result.update(
                 scenario=self.scenario.name,
@@ -858,6 +1150,13 @@ class Run:
                 settings=asdict(self.scenario),
                 refused=sum(self.refusals.values()),
                 cancels_unanswered=unanswered,
+                verbs=dict(sorted(self.verbs.items())),
+                bulk_calls=self.bulk_calls,
+                # Verbs whose outcome no node could settle after the run.
+                unsettled=len(self.cancel_unknown)
+                + len(self.pause_unknown)
+                + len(self.resume_unknown)
+                + len(self.unsure),
                 refusals=dict(self.refusals.most_common(10)),
                 events=self.events,
                 samples=self.samples,
@@ -869,6 +1168,25 @@ class Run:
             if settler is not None:
                 settler.cancel()
             self.cluster.close()
+
+
+def _to_ms(when: datetime) -> datetime:
+    """``when`` cut to whole milliseconds, as the API stores times."""
+    return when.replace(microsecond=when.microsecond // 1000 * 1000)
+
+
+async def _json(response: aiohttp.ClientResponse) -> Any:
+    """The answer's body as JSON; None when it is not JSON."""
+    try:
+        return json.loads(await response.text())
+    except ValueError:
+        return None
+
+
+def _version(view: Any) -> int | None:
+    """The ``version`` of a schedule's view, when it has one."""
+    version = view.get("version") if isinstance(view, dict) else None
+    return version if isinstance(version, int) else None
 
 
 def _retry_after(header: str | None, default: float) -> float:
@@ -896,9 +1214,12 @@ def render(result: dict[str, Any]) -> str:
         f"lost {result['lost']}, early {result['early']} "
         f"(read before due {result.get('early_received', 0)}), "
         f"cancelled but delivered {result['cancelled_delivered']}, "
+        f"delivered while paused {result.get('paused_delivered', 0)}, "
+        f"rescheduled at the wrong time {result.get('rescheduled_wrong_time', 0)}, "
         f"duplicates {result['duplicates']} ({_kinds(result['duplicates_by_kind'])}), "
         f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}, "
         f"unexpected occurrences {result['unexpected_occurrences']}",
+        _verb_line(result),
         *_broker_reuse_lines(result),
         *_duplicate_lines(result),
         f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
@@ -957,6 +1278,21 @@ def _garbage_line(report: dict[str, Any]) -> str:
     return (
         f"garbage: {report.get('datagrams', 0)} datagrams, {streams} streams; dropped: "
         f"{dropped}; {verdict}" + (f" ({'; '.join(errors)})" if errors else "")
+    )
+
+
+def _verb_line(result: dict[str, Any]) -> str:
+    """What the verbs did: counts of the schedules each changed, and every
+    answer they got (``verbs``), e.g. ``pause 409 in_flight 2``."""
+    calls = result.get("bulk_calls", [])
+    answers = ", ".join(f"{k} {v}" for k, v in result.get("verbs", {}).items()) or "none"
+    return (
+        f"schedules changed by the verbs: {result.get('rescheduled', 0)} rescheduled, "
+        f"{result.get('paused', 0)} paused ({result.get('resumed', 0)} resumed, "
+        f"{result.get('still_paused', 0)} still paused at the end), "
+        f"{result.get('bulk_cancelled', 0)} taken by {len(calls)} bulk cancels "
+        f"(answered {sum(c['cancelled'] for c in calls)} cancelled), "
+        f"{result.get('unsettled', 0)} outcomes unsettled; answers: {answers}"
     )
 
 

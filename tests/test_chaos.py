@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from html.parser import HTMLParser
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiokafka import ConsumerRecord
 
-from chaos.checker import Delivery, Window, check, occurrence, passed
+from chaos import runner
+from chaos.checker import Changes, Delivery, Window, check, occurrence, passed
+from chaos.harness import Recorder, epoch
 from chaos.report import render_html
-from chaos.runner import STALL_LEAD, broker_stalls, render
+from chaos.runner import STALL_LEAD, Run, broker_stalls, render
 from chaos.scenario import ScenarioError, available, load, parse
 from ring import bucket_for
 
@@ -453,6 +462,289 @@ def test_a_delivery_before_its_time_fails_the_run() -> None:
     assert not passed(result)
     assert result["early_ids"] == ["a"]  # b is within the millisecond timestamps' rounding
     assert math.isnan(check({}, set(), [])["lateness_s"]["p99"])
+
+
+# -- the verbs of issue 19: bulk cancel, pause and resume, reschedule ----------------
+
+
+def test_a_bulk_cancelled_schedule_is_owed_nothing_and_never_goes_out_after_the_200() -> None:
+    taken = Changes(bulk_cancelled={"a": 100.0})  # the bulk cancel answered at 100
+    result = check({"a": 102.0}, set(), [], changes=taken)
+    assert passed(result) and (result["lost"], result["bulk_cancelled"]) == (0, 1)
+    # Out before the 200: it had gone out, then was PENDING again (a dead
+    # owner's publish, redone) when the bulk cancel took it.
+    assert passed(check({"a": 99.0}, set(), [Delivery("a", 1, 1, 99.5)], changes=taken))
+    result = check({"a": 102.0}, set(), [Delivery("a", 1, 1, 102.1)], changes=taken)
+    assert not passed(result)
+    assert result["cancelled_delivered_ids"] == ["a"]
+
+
+def test_a_schedule_paused_for_good_is_owed_nothing_and_never_goes_out_after_the_200() -> None:
+    paused = Changes(paused={"p": [(100.0, None)]})  # the pause answered at 100, no resume
+    result = check({"p": 103.0}, set(), [], changes=paused)
+    assert passed(result) and (result["lost"], result["still_paused"]) == (0, 1)
+    assert passed(check({"p": 99.0}, set(), [Delivery("p", 1, 1, 99.2)], changes=paused))
+    result = check({"p": 103.0}, set(), [Delivery("p", 1, 1, 103.1)], changes=paused)
+    assert not passed(result)
+    assert result["paused_delivered_ids"] == ["p"]
+
+
+def test_a_resumed_schedule_is_owed_again_but_never_while_it_was_paused() -> None:
+    # Due at 101, paused at 100, its resume sent at 105 and answered at 105.2.
+    resumed = Changes(paused={"p": [(100.0, 105.0)]}, resumed={"p": 105.2})
+    result = check({"p": 101.0}, set(), [], changes=resumed)
+    assert not passed(result) and result["lost_ids"] == ["p"]
+    result = check({"p": 101.0}, set(), [Delivery("p", 1, 1, 105.3)], changes=resumed)
+    assert passed(result) and result["still_paused"] == 0
+    # Late from its resume, not from its executeAt (4.3 s before it).
+    assert result["lateness_s"]["max"] == pytest.approx(0.1)
+    # Out at its executeAt while paused, and again after the resume.
+    copies = [Delivery("p", 1, 1, 101.0), Delivery("p", 2, 1, 105.3)]
+    result = check({"p": 101.0}, set(), copies, changes=resumed)
+    assert not passed(result)
+    assert result["paused_delivered_ids"] == ["p"]
+
+
+# Created for 100; a PATCH answered at 98 moved it to 104, one answered at 99 to 102.
+MOVED = Changes(moved={"r": [(100.0, None), (104.0, 98.0), (102.0, 99.0)]})
+
+
+def test_a_rescheduled_schedule_goes_out_at_its_last_time() -> None:
+    result = check(
+        {"r": 102.0}, set(), [Delivery("r", 1, 1, 102.1, execute_at=102.0)], changes=MOVED
+    )
+    assert passed(result) and result["rescheduled"] == 1
+    assert result["lateness_s"]["max"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        Delivery("r", 1, 1, 100.1, execute_at=100.0),  # its first time, after it was moved off
+        Delivery("r", 1, 1, 104.1, execute_at=104.0),  # its second, moved off at 99
+        Delivery("r", 1, 1, 101.1, execute_at=101.0),  # a time it never had
+    ],
+    ids=["first-time", "second-time", "never-had"],
+)
+def test_a_rescheduled_schedule_out_at_a_time_it_was_moved_off_fails_the_run(
+    stray: Delivery,
+) -> None:
+    copies = [stray, Delivery("r", 2, 1, 102.1, execute_at=102.0)]
+    result = check({"r": 102.0}, set(), copies, changes=MOVED)
+    assert not passed(result)
+    assert result["rescheduled_wrong_time_ids"] == ["r"]
+
+
+def test_a_rescheduled_schedule_out_only_at_an_earlier_time_is_lost() -> None:
+    # Out at 100 before the first PATCH answered (then PENDING again), never at 102.
+    before = Delivery("r", 1, 1, 97.5, execute_at=100.0)
+    result = check({"r": 102.0}, set(), [before], changes=MOVED)
+    assert result["rescheduled_wrong_time"] == 0
+    assert not passed(result) and result["lost_ids"] == ["r"]
+
+
+def test_a_rescheduled_schedule_is_early_by_the_time_its_record_carries() -> None:
+    # Its last PATCH (to 104) has no known outcome: 102 and 104 both stand,
+    # and a record is early against the one it carries.
+    unsure = Changes(
+        moved={"r": [(100.0, None), (102.0, 98.0), (104.0, 99.0)]}, unsure=frozenset({"r"})
+    )
+    for carried in (102.0, 104.0):
+        copy = Delivery("r", 1, 1, carried + 0.1, execute_at=carried)
+        assert passed(check({"r": 102.0}, set(), [copy], changes=unsure))
+    result = check(
+        {"r": 102.0}, set(), [Delivery("r", 1, 1, 103.0, execute_at=104.0)], changes=unsure
+    )
+    assert not passed(result) and result["early_ids"] == ["r"]
+    result = check(
+        {"r": 102.0}, set(), [Delivery("r", 1, 1, 100.1, execute_at=100.0)], changes=unsure
+    )
+    assert not passed(result) and result["rescheduled_wrong_time_ids"] == ["r"]
+
+
+def test_a_record_out_before_a_reschedule_is_fenced_by_the_time_it_carries() -> None:
+    moved, other = same_bucket_ids(2)
+    accepted = {moved: 110.0, other: 101.0}
+    changes = Changes(moved={moved: [(100.0, None), (110.0, 103.0)]})
+    deliveries = [
+        # Token 4 sent it at its first time; then PENDING again (its owner
+        # died before marking it) and moved to 110 by a PATCH.
+        Delivery(moved, 4, 1, 100.1, execute_at=100.0),
+        Delivery(other, 5, 1, 101.1, execute_at=101.0),  # token 5 at work from 101.1
+        Delivery(moved, 5, 1, 110.1, execute_at=110.0),
+    ]
+    result = check(accepted, set(), deliveries, changes=changes)
+    assert passed(result) and result["stale_claims"] == 0
+    # Judged by its last time (110), token 4's copy would be a claim made
+    # after token 5 acted.
+    blind = [replace(d, execute_at=None) for d in deliveries]
+    assert check(accepted, set(), blind, changes=changes)["stale_claims_ids"] == [moved]
+
+
+def test_the_summary_counts_what_the_verbs_changed_and_what_broke() -> None:
+    changes = Changes(
+        bulk_cancelled={"b": 1000.0},
+        paused={"p": [(1000.0, None)], "q": [(1000.0, 1002.0)]},
+        resumed={"q": 1002.1},
+        moved=MOVED.moved,
+    )
+    accepted = {"b": 1001.0, "p": 1001.0, "q": 1001.0, "r": 102.0}
+    deliveries = [
+        Delivery("p", 1, 1, 1001.0),
+        Delivery("q", 1, 1, 1002.2),
+        Delivery("r", 1, 1, 104.1, execute_at=104.0),
+        Delivery("r", 1, 1, 102.0, execute_at=102.0),
+    ]
+    result = check(accepted, set(), deliveries, changes=changes)
+    result.update(
+        scenario="s", seed=1, unfenced=False, refused=0, chains=0, network="loopback",
+        events=[], refusals={}, started=995.0, passed=passed(result),
+        verbs={"PATCH 200": 2, "pause 200": 2, "resume 200": 1},
+        bulk_calls=[{"group": "g1", "at": 5.0, "cancelled": 1, "answers": [200]}],
+    )  # fmt: skip
+    assert not result["passed"]
+    text = render(result)
+    assert "delivered while paused 1, rescheduled at the wrong time 1," in text
+    assert (
+        "schedules changed by the verbs: 1 rescheduled, 2 paused (1 resumed, 1 still paused "
+        "at the end), 1 taken by 1 bulk cancels (answered 1 cancelled), 0 outcomes unsettled; "
+        "answers: PATCH 200 2, pause 200 2, resume 200 1"
+    ) in text
+
+
+def test_a_record_s_execute_at_header_reads_as_epoch_seconds() -> None:
+    assert epoch("1970-01-01T00:01:40.123Z") == pytest.approx(100.123)
+    assert epoch("") is None and epoch("soon") is None and epoch("1970-01-01T00:01:40") is None
+    # As the recorder reads a record the node built (node.schedule.record).
+    headers = [
+        ("schedule-id", b"s7"),
+        ("execute-at", b"1970-01-01T00:01:40.123Z"),
+        ("fence-token", b"3"),
+        ("tenant", b"default"),
+        ("attempt", b"1"),
+    ]
+    record = ConsumerRecord("chaos", 0, 5, 100_200, 0, b"s7", b"7", None, 2, 1, headers)
+    recorder = Recorder.__new__(Recorder)  # no consumer: only its reading of a record
+    recorder.recurring = ()
+    delivery = recorder._delivery(record, received=100.3)
+    assert (delivery.schedule_id, delivery.token, delivery.at) == ("s7", 3, 100.2)
+    assert delivery.execute_at == pytest.approx(100.123)
+
+
+# The runner's side: what it does with each answer, and how it settles the
+# unknown ones after the run, against a stand-in for a node's API.
+
+Handler = Callable[[web.Request], web.Response]
+
+
+@pytest.fixture
+async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[Run, dict[str, Handler]]]:
+    """A Run whose one node is a local app routing to ``handlers``, keyed
+    "METHOD path" (the path as the app matches it)."""
+    handlers: dict[str, Handler] = {}
+
+    async def route(request: web.Request) -> web.Response:
+        handler = handlers.get(f"{request.method} {request.path}")
+        if handler is None:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        return handler(request)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", route)
+    site_runner = web.AppRunner(app)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    run = Run(load("kill-loop"), tmp_path, seed=1)
+    run.ready.add("node-1")
+    run.cluster.nodes["node-1"] = SimpleNamespace(  # type: ignore[assignment]
+        name="node-1", alive=True, url=f"http://127.0.0.1:{port}"
+    )
+    try:
+        yield run, handlers
+    finally:
+        await site_runner.cleanup()
+
+
+def answer(status: int, body: Any) -> Handler:
+    return lambda _request: web.json_response(body, status=status)
+
+
+def view(status: str, execute_at: str = "1970-01-01T00:01:40.000Z") -> Handler:
+    return answer(200, {"status": status, "executeAt": execute_at})
+
+
+async def test_the_runner_moves_a_schedule_only_on_a_200_and_asks_after_no_answer(
+    stand_in: tuple[Run, dict[str, Handler]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, handlers = stand_in
+    monkeypatch.setattr(runner, "VERB_DELAY", 0.0)
+    monkeypatch.setattr(runner, "RESCHEDULE_AGAIN", 0.0)
+    handlers["PATCH /v1/schedules/ok"] = answer(200, {"status": "PENDING", "version": 3})
+    handlers["PATCH /v1/schedules/claimed"] = answer(409, {"error": {"code": "in_flight"}})
+    handlers["PATCH /v1/schedules/lost"] = answer(503, {"error": {"code": "store_unavailable"}})
+    run.accepted = {"ok": 100.0, "claimed": 100.0, "lost": 100.0}
+    async with aiohttp.ClientSession() as session:
+        for schedule_id in run.accepted:
+            await run._reschedule(session, schedule_id, 2)
+    [created, (moved_to, answered)] = run.reschedules["ok"]
+    assert created == (100.0, None) and answered is not None
+    assert run.accepted["ok"] == moved_to > answered  # at least half a second ahead
+    assert set(run.reschedules) == {"ok"} and run.accepted["claimed"] == 100.0
+    assert set(run.patch_unknown) == {"lost"}
+    assert run.verbs == Counter(
+        {"PATCH 200": 1, "PATCH 409 in_flight": 1, "PATCH 503 store_unavailable": 1}
+    )
+
+
+async def test_the_runner_settles_the_verbs_unknown_outcomes_from_the_views(
+    stand_in: tuple[Run, dict[str, Handler]],
+) -> None:
+    run, handlers = stand_in
+    run.accepted = {s: 100.0 for s in ("b1", "b2", "b3", "p", "q", "m", "n", "x")}
+    run.groups = {"b1": "g1", "b2": "g1", "b3": "g2"}
+    run.bulk = {"g1": 50.0}  # g1 was bulk-cancelled, its call answered at 50
+    run.pause_unknown = {"p": 40.0}
+    run.pauses = {"q": (41.0, 45.0)}
+    run.resume_unknown = {"q": 45.5}
+    run.patch_unknown = {"m": (102.5, 42.0), "n": (103.0, 43.0), "x": (104.0, 44.0)}
+    handlers.update(
+        {
+            "GET /v1/schedules/b1": view("CANCELLED"),
+            "GET /v1/schedules/b2": view("DELIVERED"),
+            "GET /v1/schedules/b3": view("CANCELLED"),  # not of a bulk-cancelled group
+            "GET /v1/schedules/p": view("PAUSED"),
+            "GET /v1/schedules/q": view("PAUSED"),  # the resume did not land
+            "GET /v1/schedules/m": view("PENDING", "1970-01-01T00:01:42.500Z"),  # moved
+            "GET /v1/schedules/n": view("DELIVERED"),  # still at 100: not moved
+        }
+    )  # x: no node shows it
+    await run._resolve_unknown()
+    assert run.bulk_cancelled == {"b1": 50.0}
+    assert run.pauses == {"p": (40.0, None), "q": (41.0, None)}
+    assert not run.resumed and not run.pause_unknown and not run.resume_unknown
+    assert run.reschedules["m"] == [(100.0, None), (102.5, 42.0)] and run.accepted["m"] == 102.5
+    assert "n" not in run.reschedules and run.accepted["n"] == 100.0
+    # x: either time may go out, until a node can say.
+    assert run.reschedules["x"] == [(100.0, None), (104.0, 44.0)] and run.unsure == {"x"}
+    handlers["GET /v1/schedules/x"] = view("PENDING")  # still at 100 after all
+    await run._resolve_unknown()
+    assert "x" not in run.unsure and run.reschedules["x"] == [(100.0, None)]
+    assert run.accepted["x"] == 100.0 and not run.patch_unknown
+
+
+async def test_a_bulk_cancel_is_asked_again_while_more_remain(
+    stand_in: tuple[Run, dict[str, Handler]],
+) -> None:
+    run, handlers = stand_in
+    pages = iter([{"cancelled": 500, "more": True}, {"cancelled": 7, "more": False}])
+    handlers["POST /v1/schedules:cancel"] = lambda _request: web.json_response(next(pages))
+    async with aiohttp.ClientSession() as session:
+        await run._bulk_cancel(session, "g3")
+    [call] = run.bulk_calls
+    assert (call["group"], call["cancelled"], call["answers"]) == ("g3", 507, [200, 200])
+    assert set(run.bulk) == {"g3"}
 
 
 # -- the HTML report -------------------------------------------------------------
