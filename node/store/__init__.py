@@ -8,17 +8,27 @@ The schedule store's contract (``schedules.ScheduleStore``), method by method:
   majority; concurrent calls share an ``insert_many``. The same client id
   with the same body returns the stored one (created False); with another
   body, ``ScheduleConflict``.
-* ``get(id)``, ``list_page(...)``: read; a tenant's list pages by ``_id``.
-* ``cancel(id, now)``: PENDING -> CANCELLED in one conditional write. The
-  claim takes only PENDING schedules, so after it succeeds no owner holds
-  the schedule and none ever will; too late: ``NotCancellable``.
+* ``get(id)``, ``list_page(listing)``, ``count_by_status(listing)``: read;
+  a listing reads one range of the index its filter names
+  (``listing.Listing``), in ``_id`` or due order.
+* ``cancel(id, now, if_match)``: PENDING or PAUSED -> CANCELLED in one
+  conditional write. The claim takes only PENDING schedules, so after it
+  succeeds no owner holds the schedule and none ever will; too late:
+  ``NotCancellable``; another version than ``if_match``: ``VersionMismatch``.
+* ``change(id, decide, now, if_match)``: a verb (PATCH, pause, resume,
+  trigger, retry): read, ``decide`` (``node/schedule/changes.py``), and
+  write only where the schedule is still at the status and version read;
+  lost to a concurrent write, read and decide again.
+* ``cancel_matching(tenant, selector, now)``: cancel the tenant's PENDING
+  and PAUSED schedules a ``listing.Selector`` matches, in bounded batches.
 * ``find_due(buckets, until, limit, tenants)``: PENDING schedules of the
   caller's buckets due by ``until``, oldest first (and each tenant's oldest,
   for the poller to share fairly). Reads only; the claim decides.
 * ``claim(docs, tokens, owner, now)``: PENDING -> IN_FLIGHT under each
   bucket's lease token, in one bulk write. A schedule is taken only if still
-  PENDING and no newer token wrote it (``token <= mine``); returns the
-  ``Claimed`` ones.
+  PENDING, at the version read (no verb changed it since), and no newer
+  token wrote it (``token <= mine``); returns the ``Claimed`` ones. Every
+  write adds one to the schedule's ``version``.
 * ``complete(completions)``: writes what delivery decided for each claimed
   schedule (``contract.Completion``, built by ``node/delivery/outcomes.py``),
   only where its token still holds it (IN_FLIGHT, ``token == mine``): a
