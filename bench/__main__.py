@@ -21,6 +21,7 @@ from bench import (
     delivery_bench,
     failover_bench,
     fairness_bench,
+    index_bench,
     ingest_bench,
     membership_bench,
     retention_bench,
@@ -45,6 +46,7 @@ SUITES = {
     "delivery": Suite(delivery_bench.measure, delivery_bench.render),
     "scale": Suite(scale_bench.measure, scale_bench.render),
     "retention": Suite(retention_bench.measure, retention_bench.render),
+    "indexes": Suite(index_bench.measure, index_bench.render),
     "failover": Suite(failover_bench.measure, failover_bench.render),
     "fairness": Suite(fairness_bench.measure, fairness_bench.render),
 }

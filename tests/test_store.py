@@ -63,7 +63,7 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
         "by_tenant_label",
         "by_tenant_key",
         "by_tenant_topic",
-        "by_tenant_status_due",
+        "by_tenant_due",
         "expire",
     }
 

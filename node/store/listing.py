@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from node.schedule.model import Status, storage_id
+from node.schedule.model import storage_id
 
 ASCENDING = 1
 # After every character an id may hold ([A-Za-z0-9._:-]): the end of the
@@ -62,16 +62,16 @@ class Listing:
         if self.topic is not None:
             return "by_tenant_topic"
         if self.by_due:
-            return "by_tenant_status_due"
+            return "by_tenant_due"
         return "by_tenant_id"
 
     @property
     def count_index(self) -> str | None:
-        """The index the counts per status are read from: the page's, or for a
-        listing of everything, the one whose prefix is (tenant, status)."""
-        if self.index == "by_tenant_id":
-            return "by_tenant_status_due"
-        return self.index
+        """The index the counts per status are read from: a label's, a key's
+        or a topic's range, else the one whose prefix is (tenant, status)."""
+        if self.index in (None, "by_tenant_label", "by_tenant_key", "by_tenant_topic"):
+            return self.index
+        return "tenant_status_bucket_due"
 
     def order(self) -> list[tuple[str, int]]:
         if self.by_due:
@@ -95,10 +95,6 @@ class Listing:
             query["topic"] = self.topic
         if status is not None:
             query["status"] = status
-        elif self.index == "by_tenant_status_due" and self.by_due:
-            # Every status, so the index's second field is bounded too: one
-            # range per status, merged in due order.
-            query["status"] = {"$in": [s.value for s in Status]}
         due: dict[str, Any] = {}
         if self.due_after is not None:
             due["$gte"] = self.due_after
