@@ -118,10 +118,20 @@ async def test_a_tenant_never_sees_another_tenants_schedule(
     )
     assert status == 201 and mine["tenant"] == "alice" and mine["id"] == "order-1"
 
-    # Bob reads, cancels and lists: for him it does not exist.
-    for method in ("GET", "DELETE"):
-        status, body = await secured.request(method, "/v1/schedules/order-1", headers=bearer(bob))
-        assert (status, body["error"]["code"]) == (404, "not_found"), method
+    # Bob reads, changes, pauses, cancels and lists: for him it does not exist.
+    for method, path, body in [
+        ("GET", "/v1/schedules/order-1", None),
+        ("DELETE", "/v1/schedules/order-1", None),
+        ("PATCH", "/v1/schedules/order-1", {"key": "bob"}),
+        *[("POST", f"/v1/schedules/order-1:{verb}", None)
+          for verb in ("pause", "resume", "trigger", "retry")],
+    ]:  # fmt: skip
+        status, answer = await secured.request(method, path, json=body, headers=bearer(bob))
+        assert (status, answer["error"]["code"]) == (404, "not_found"), (method, path)
+    status, answer = await secured.request(
+        "POST", "/v1/schedules:cancel", json={"idPrefix": "order-"}, headers=bearer(bob)
+    )
+    assert (status, answer["cancelled"]) == (200, 0)
     _, listed = await secured.request("GET", "/v1/schedules", headers=bearer(bob))
     assert listed["schedules"] == []
     status, _ = await secured.request("GET", "/v1/schedules?tenant=alice", headers=bearer(bob))
