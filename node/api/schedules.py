@@ -34,6 +34,8 @@ from node.errors import (
 from node.schedule import changes
 from node.schedule.changes import Change, version_of
 from node.schedule.model import (
+    MAX_KEY_BYTES,
+    MAX_LABELS,
     NewSchedule,
     Status,
     is_storage_id,
@@ -332,11 +334,7 @@ async def cancel_selected(request: web.Request) -> web.Response:
     labels = parse_labels(data["labels"]) if "labels" in data else {}
     if "labels" in data and not labels:
         raise ValidationFailed("labels must name at least one label", "labels")
-    key = data.get("key")
-    if "key" in data and (
-        not isinstance(key, str) or not key or "\x00" in key or len(key.encode()) > 1024
-    ):
-        raise ValidationFailed("key must be a string of 1-1024 bytes, without NUL", "key")
+    key = _key_filter(data["key"]) if "key" in data else None
     id_prefix = validate_id(data["idPrefix"], "idPrefix") if "idPrefix" in data else None
     due_before = parse_time(data["dueBefore"], "dueBefore") if "dueBefore" in data else None
     tenant = _caller(request).scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
@@ -417,7 +415,7 @@ async def list_schedules(request: web.Request) -> web.Response:
         status=status,
         labels=_label_filter(query.getall("label", [])),
         topic=validate_topic(query["topic"]) if "topic" in query else None,
-        key=_key_filter(query.get("key")),
+        key=_key_filter(query["key"]) if "key" in query else None,
         due_after=parse_time(query["dueAfter"], "dueAfter") if "dueAfter" in query else None,
         due_before=parse_time(query["dueBefore"], "dueBefore") if "dueBefore" in query else None,
     )
@@ -436,8 +434,8 @@ async def list_schedules(request: web.Request) -> web.Response:
 
 def _label_filter(values: list[str]) -> tuple[str, ...]:
     """``label=name=value`` parameters, as the store keeps labels."""
-    if len(values) > 16:
-        raise ValidationFailed("at most 16 label filters", "label")
+    if len(values) > MAX_LABELS:
+        raise ValidationFailed(f"at most {MAX_LABELS} label filters", "label")
     pairs: dict[str, str] = {}
     for value in values:
         name, separator, label_value = value.partition("=")
@@ -448,9 +446,13 @@ def _label_filter(values: list[str]) -> tuple[str, ...]:
     return tuple(label_pairs(pairs))
 
 
-def _key_filter(key: str | None) -> str | None:
-    if key is not None and (not key or "\x00" in key or len(key.encode()) > 1024):
-        raise ValidationFailed("key must be 1-1024 bytes, without NUL", "key")
+def _key_filter(key: object) -> str:
+    """A key to find schedules by: what a schedule's key may be, not empty
+    (null neither: a selector of nothing would match the whole tenant)."""
+    if not isinstance(key, str) or not key or "\x00" in key or len(key.encode()) > MAX_KEY_BYTES:
+        raise ValidationFailed(
+            f"key must be a string of 1-{MAX_KEY_BYTES} bytes, without NUL", "key"
+        )
     return key
 
 

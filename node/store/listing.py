@@ -123,6 +123,11 @@ class Selector:
     id_prefix: str | None = None
     due_before: datetime | None = None
 
+    def __post_init__(self) -> None:
+        # A selector of nothing would match, and cancel, the whole tenant.
+        if not (self.labels or self.key or self.id_prefix):
+            raise ValueError("a selector needs labels, a key or an id prefix")
+
     @property
     def index(self) -> str:
         if self.labels:
