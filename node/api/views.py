@@ -79,26 +79,22 @@ def delivered_record(doc: dict[str, Any]) -> dict[str, Any] | None:
     from the schedule itself (history does not store it)."""
     if doc.get("recurrence"):
         return None
-    if doc["status"] == Status.EXPIRED.value:
-        return {
-            "at": format_time(doc.get("expiredAt")),
-            "executeAt": format_time(doc["executeAt"]),
-            "attempt": doc.get("attempts", 0),
-            "outcome": "expired",
-            "node": doc.get("owner"),
-            "token": doc.get("token", 0),
-            "error": f"not published by its deadline {format_time(doc.get('deadline'))}",
-        }
-    if doc["status"] != Status.DELIVERED.value:
+    if doc["status"] == Status.DELIVERED.value:
+        at, outcome, error = doc.get("deliveredAt"), "delivered", None
+    elif doc["status"] == Status.EXPIRED.value:
+        deadline = format_time(doc.get("deadline"))
+        error = f"not published by its deadline {deadline}"
+        at, outcome = doc.get("expiredAt"), "expired"
+    else:
         return None
     return {
-        "at": format_time(doc.get("deliveredAt")),
+        "at": format_time(at),
         "executeAt": format_time(doc["executeAt"]),
         "attempt": doc.get("attempts", 0),
-        "outcome": "delivered",
+        "outcome": outcome,
         "node": doc.get("owner"),
         "token": doc.get("token", 0),
-        "error": None,
+        "error": error,
     }
 
 

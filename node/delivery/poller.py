@@ -467,20 +467,9 @@ class BucketPoller:
         history shows it without a history write. The rest go ahead."""
         now = self.wall()
         overdue = [c for c in claimed if self.rules.should_expire(c, now)]
-        if not overdue:
-            return claimed
-        completions = [self.rules.expired(c, now) for c in overdue]
-        try:
-            ended = await self._write(completions)
-        except Exception:
-            self._unsettled.extend(completions)
-            raise
-        self.metrics.deliveries.labels("expired").inc(ended)
-        log.info(
-            "schedules past their deadline expired", count=ended, ids=[c.id for c in overdue][:20]
+        return await self._end_unpublished(
+            claimed, [self.rules.expired(c, now) for c in overdue], "expired"
         )
-        overdue_ids = {c.id for c in overdue}
-        return [c for c in claimed if c.id not in overdue_ids]
 
     async def _skip_misfired(self, claimed: list[Claimed]) -> list[Claimed]:
         """Occurrences of recurring schedules whose misfire policy is skip and
@@ -488,19 +477,29 @@ class BucketPoller:
         go ahead."""
         now = self.wall()
         skipped = [c for c in claimed if self.rules.should_skip(c, now)]
-        if not skipped:
+        left = await self._end_unpublished(
+            claimed, [self.rules.skipped(c, now) for c in skipped], "skipped"
+        )
+        if skipped:
+            self._record(skipped, now, Outcome.SKIPPED)
+        return left
+
+    async def _end_unpublished(
+        self, claimed: list[Claimed], completions: list[Completion], outcome: str
+    ) -> list[Claimed]:
+        """Write ``completions`` (claims that end here, unpublished) and return
+        the claims left to publish. Unwritten, they are written next round."""
+        if not completions:
             return claimed
-        completions = [self.rules.skipped(c, now) for c in skipped]
         try:
-            moved = await self._write(completions)
+            written = await self._write(completions)
         except Exception:
             self._unsettled.extend(completions)
             raise
-        self._record(skipped, now, Outcome.SKIPPED)
-        self.metrics.deliveries.labels("skipped").inc(moved)
-        log.info("missed occurrences skipped", count=len(skipped), ids=[c.id for c in skipped][:20])
-        skipped_ids = {c.id for c in skipped}
-        return [c for c in claimed if c.id not in skipped_ids]
+        self.metrics.deliveries.labels(outcome).inc(written)
+        ended = {c.claimed.id for c in completions}
+        log.info("claims ended unpublished", outcome=outcome, count=written, ids=sorted(ended)[:20])
+        return [c for c in claimed if c.id not in ended]
 
     def _failed(self, completions: list[Completion]) -> None:
         """Count and record publishes that failed (written already)."""

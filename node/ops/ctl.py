@@ -105,15 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     schedule.add_argument("--payload", default="null", help="JSON payload (default null)")
     schedule.add_argument("--key", default=None, help="Kafka record key")
     schedule.add_argument("--id", default=None, help="idempotency id (default: server-assigned)")
-    schedule.add_argument(
-        "--label",
-        dest="labels",
-        action="append",
-        type=label_argument,
-        default=[],
-        metavar="NAME=VALUE",
-        help="a label (repeatable)",
-    )
+    _add_label_option(schedule, "a label (repeatable)")
 
     commands.add_parser("get", help="show a schedule").add_argument("id")
 
@@ -126,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "says which --after goes on.",
     )
     listing.add_argument("--status", default=None, help="PENDING, PAUSED, IN_FLIGHT, ...")
-    _add_label_filter(listing, "only schedules with this label (repeatable: all of them)")
+    _add_label_option(listing, "only schedules with this label (repeatable: all of them)")
     listing.add_argument("--topic", default=None, help="only schedules to this topic")
     listing.add_argument("--key", default=None, help="only schedules with this record key")
     listing.add_argument(
@@ -163,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'prints {"cancelled": total, "calls": n}.',
     )
     cancel.add_argument("id", nargs="?", default=None)
-    _add_label_filter(cancel, "schedules with this label (repeatable: all of them)")
+    _add_label_option(cancel, "schedules with this label (repeatable: all of them)")
     cancel.add_argument("--key", default=None, help="schedules with this record key")
     cancel.add_argument("--id-prefix", default=None, help="schedules whose id starts so")
     cancel.add_argument("--due-before", default=None, help="due before this time (RFC 3339)")
@@ -171,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands.add_parser("drain", help="the node hands its buckets over and leaves the cluster")
 
 
-def _add_label_filter(parser: argparse.ArgumentParser, text: str) -> None:
+def _add_label_option(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument(
         "--label",
         dest="labels",

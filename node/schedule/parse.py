@@ -53,20 +53,8 @@ _ALLOWED_FIELDS = frozenset(
         "expireAfter",
     }
 )
-# What PATCH may change (the id, tenant and topic are the schedule's identity).
-PATCHABLE_FIELDS = frozenset(
-    {
-        "executeAt",
-        "recurrence",
-        "payload",
-        "payloadBase64",
-        "key",
-        "headers",
-        "retry",
-        "labels",
-        "expireAfter",
-    }
-)
+# What PATCH may change: all but the schedule's identity.
+PATCHABLE_FIELDS = _ALLOWED_FIELDS - {"id", "tenant", "topic"}
 # Of those, the ones null clears.
 CLEARABLE_FIELDS = frozenset({"key", "retry", "labels", "expireAfter"})
 # The longest expireAfter: as far as the horizon lets a schedule be anyway.

@@ -255,11 +255,8 @@ class ScheduleStore:
         doc = await self.get(schedule_id)
         if doc is None:
             return None
-        if result.modified_count == 0 and if_match is not None and version_of(doc) != if_match:
-            raise VersionMismatch(
-                f"schedule {public_id(schedule_id)!r} is at version {version_of(doc)}, "
-                f"not {if_match}"
-            )
+        if result.modified_count == 0:
+            _check_version(doc, if_match)
         if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
             if doc.get("recurrence") and doc["status"] == Status.IN_FLIGHT.value:
                 raise NotCancellable(
@@ -300,11 +297,7 @@ class ScheduleStore:
             doc = await self.schedules.find_one(self._one(schedule_id))
             if doc is None:
                 return None
-            if if_match is not None and version_of(doc) != if_match:
-                raise VersionMismatch(
-                    f"schedule {public_id(schedule_id)!r} is at version {version_of(doc)}, "
-                    f"not {if_match}"
-                )
+            _check_version(doc, if_match)
             change = decide(doc)
             if change is None or not (change.set or change.unset):
                 return doc, None
@@ -682,6 +675,15 @@ class ScheduleStore:
             "token": claimed.token,
             "error": completion.error,
         }
+
+
+def _check_version(doc: dict[str, Any], if_match: int | None) -> None:
+    """Refuse a conditional call (If-Match) on a schedule at another version."""
+    if if_match is not None and version_of(doc) != if_match:
+        raise VersionMismatch(
+            f"schedule {public_id(str(doc['_id']))!r} is at version {version_of(doc)}, "
+            f"not {if_match}"
+        )
 
 
 def _chunks(docs: Sequence[dict[str, Any]]) -> list[Sequence[dict[str, Any]]]:
