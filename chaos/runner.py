@@ -207,6 +207,8 @@ class Run:
         self.verbs: Counter[str] = Counter()  # each verb's answers, as "pause 409 in_flight"
         self._members_seen: set[str] = set()  # of bulk-cancelled groups, settled already
         self.refusals: Counter[str] = Counter()
+        # Running nodes whose last sampled readiness failed its store check.
+        self._store_unready: set[str] = set()
         self.events: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []  # each node's view, once a second
         self._started = 0.0
@@ -235,6 +237,16 @@ class Run:
             for n in self.cluster.nodes.values()
             if n.alive and n.name in self.ready and n.name not in out
         )
+
+    def _serving(self) -> list[str]:
+        """The running nodes a load balancer would send a call to: those whose
+        readiness, as last sampled, does not fail its store check (a node
+        that lost its route to the database some other way than a planned
+        cut, or has not yet reconnected after one). All running ones if
+        that leaves none."""
+        running = self._running()
+        serving = [n for n in running if n not in self._store_unready]
+        return serving or running
 
     def _pick(self, step: Step) -> str | None:
         running = self._running()
@@ -569,10 +581,18 @@ class Run:
             }
             for name in self._running():
                 try:
+                    failing = await self._failing_checks(name)
+                except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
+                    continue
+                # Asked first: a node without its store answers no view.
+                if "store" in failing:
+                    self._store_unready.add(name)
+                else:
+                    self._store_unready.discard(name)
+                try:
                     view = await asyncio.to_thread(self.cluster.cluster_view, name)
                     held = view["buckets"]["held"]
                     states = {m["id"]: m["state"] for m in view["members"]}
-                    failing = await self._failing_checks(name)
                 except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
                     continue
                 if failing:
@@ -611,7 +631,7 @@ class Run:
         version: int | None = None
         last = ""
         for _ in range(6):
-            nodes = self._running()
+            nodes = self._serving()
             if not nodes:
                 await asyncio.sleep(0.2)
                 continue
@@ -667,7 +687,7 @@ class Run:
             },
         }
         for _ in range(50):
-            nodes = self._running()
+            nodes = self._serving()
             if nodes:
                 url = self.cluster.nodes[self.rng.choice(nodes)].url
                 try:
@@ -687,7 +707,7 @@ class Run:
             when += timedelta(seconds=CHAIN_EVERY)
 
     async def _cancel(self, session: aiohttp.ClientSession, schedule_id: str) -> None:
-        nodes = self._running()
+        nodes = self._serving()
         if not nodes:
             return
         url = self.cluster.nodes[self.rng.choice(nodes)].url
@@ -717,7 +737,7 @@ class Run:
         """One call through a random running node: its status (None: no
         answer), its JSON body (None: not JSON) and when it ended, noted in
         ``verbs`` under ``method``. None: no node to ask, nothing sent."""
-        nodes = self._running()
+        nodes = self._serving()
         if not nodes:
             return None
         url = self.cluster.nodes[self.rng.choice(nodes)].url + path
