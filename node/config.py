@@ -337,7 +337,10 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--batch-size",
         default="500",
         parse=_parse_int(1, 10_000),
-        help="schedules claimed and published per store round trip",
+        # The ceiling of the claim window (node/delivery/claim_window.py):
+        # after an idle round a claim takes 32, and each full one doubles it.
+        help="most schedules claimed and published per store round trip "
+        "(after an idle round a claim takes 32, doubling each full round up to this)",
     ),
     Setting(
         attr="max_payload_bytes",

@@ -18,7 +18,9 @@ Each round:
 2. read the buckets the book asks for (due now or within a poll interval);
 3. choose the batch from the due work in the book, shared fairly among
    tenants (when a view is full, tenants absent from it are asked for their
-   own earliest due work);
+   own earliest due work); its size opens from a small first claim after an
+   idle round up to the batch size (``claim_window.py``), so a burst's first
+   records leave after a small claim;
 4. claim it in one bulk write (PENDING -> IN_FLIGHT, with the token, only if
    still due and no newer token wrote it);
 5. drop anything whose lease's local deadline passed during the claim, then
@@ -42,6 +44,7 @@ from typing import Any
 
 import structlog
 
+from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
 from node.delivery.fairness import by_due, fair_share
 from node.delivery.history_writer import HistoryWriter
@@ -98,7 +101,6 @@ class BucketPoller:
         self.publisher = publisher
         self.metrics = metrics
         self.node_id = node_id
-        self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.batch_linger = batch_linger
         self.rules = rules
@@ -109,6 +111,7 @@ class BucketPoller:
         self.tenant_names = tenant_names
         self._tenant_turn = 0
         self.book = DueBook(refresh=poll_interval, budget=batch_size * READ_AHEAD)
+        self.window = ClaimWindow(batch_size)
         self.wall = wall
         self.monotonic = monotonic
         self._wake = asyncio.Event()
@@ -229,7 +232,8 @@ class BucketPoller:
         started = time.perf_counter()
         await self._read(self.book.reads(now, monotonic, self.poll_interval))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
-        batch = await self._choose(now)
+        batch = await self._choose(now, self.window.size)
+        self.window.took(len(batch))
         if batch:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
@@ -249,9 +253,9 @@ class BucketPoller:
 
         await asyncio.gather(*(one(read) for read in reads))
 
-    async def _choose(self, now: datetime) -> list[dict[str, Any]]:
-        """This round's batch: the due work in the book, shared fairly among
-        tenants (earliest first within each). When a full view holds only
+    async def _choose(self, now: datetime, size: int) -> list[dict[str, Any]]:
+        """This round's batch, at most ``size``: the due work in the book,
+        shared fairly among tenants (earliest first within each). When a full view holds only
         due work, other tenants' work may wait behind it in that bucket: the
         tenants absent from the pool are asked for their own earliest due
         work there."""
@@ -263,16 +267,16 @@ class BucketPoller:
             # of every bucket, or a later schedule would pass an earlier one
             # still unread behind a full view.
             frontier = self.book.frontier()
-            return [d for d in pool if frontier is None or by_due(d) <= frontier][: self.batch_size]
+            return [d for d in pool if frontier is None or by_due(d) <= frontier][:size]
         hiding = self.book.hiding(now)
         if hiding and tenants:
             present = {d.get("tenant") for d in pool}
             others = [t for t in tenants if t not in present]
             if others:
                 seen = {d["_id"] for d in pool}
-                extra = await self.store.oldest_due_of(others, now, hiding, self.batch_size)
+                extra = await self.store.oldest_due_of(others, now, hiding, size)
                 pool += [d for d in extra if d["_id"] not in seen]
-        return fair_share(pool, self.batch_size)
+        return fair_share(pool, size)
 
     def _idle_for(self, now: datetime, monotonic: float) -> float:
         """Nothing due: sleep until the book's next due time or next read,
