@@ -3,6 +3,7 @@ virtual time: no store, no clock."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,14 +29,19 @@ def chain(**extra: Any) -> dict[str, Any]:
     return doc(recurrence=every.to_document(), occurrences=4, **extra)
 
 
-def test_every_verb_refuses_a_schedule_in_flight_as_retriable() -> None:
+def verbs() -> list[Callable[[dict[str, Any]], Any]]:
+    """PATCH (of the key), pause, resume and trigger, each on a document."""
     patch = parse_patch({"key": "k"}, LIMITS, NOW)
-    for verb in (
+    return [
         lambda d: changes.patch(d, patch, NOW),
         lambda d: changes.pause(d, NOW),
         lambda d: changes.resume(d, NOW),
         lambda d: changes.trigger(d, NOW),
-    ):
+    ]
+
+
+def test_every_verb_refuses_a_schedule_in_flight_as_retriable() -> None:
+    for verb in verbs():
         with pytest.raises(ScheduleInFlight) as refused:
             verb(doc("IN_FLIGHT"))
         assert refused.value.retry_after == 1
@@ -43,13 +49,7 @@ def test_every_verb_refuses_a_schedule_in_flight_as_retriable() -> None:
 
 @pytest.mark.parametrize("status", ["DELIVERED", "CANCELLED", "EXPIRED", "DELIVERY_FAILED"])
 def test_an_ended_schedule_cannot_be_changed_paused_resumed_or_triggered(status: str) -> None:
-    patch = parse_patch({"key": "k"}, LIMITS, NOW)
-    for verb in (
-        lambda d: changes.patch(d, patch, NOW),
-        lambda d: changes.pause(d, NOW),
-        lambda d: changes.resume(d, NOW),
-        lambda d: changes.trigger(d, NOW),
-    ):
+    for verb in verbs():
         with pytest.raises(InvalidState):
             verb(doc(status))
 

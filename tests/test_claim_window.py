@@ -5,24 +5,20 @@ real poller on the embedded store and broker."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from node.delivery.claim_window import FIRST, ClaimWindow
 from node.delivery.leases import LeaseManager
-from node.delivery.outcomes import Rules
-from node.delivery.poller import BucketPoller
 from node.delivery.publisher import KafkaPublisher
-from node.metrics import NodeMetrics
-from node.schedule.model import Limits
-from node.schedule.parse import parse_new_schedule
-from node.schedule.retry import DEFAULT_POLICY
 from node.store.contract import Claimed
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique
+from tests.test_fencing import poller as fencing_poller
+from tests.test_fencing import store_overdue
 
 
 def test_a_window_opens_small_and_doubles_while_rounds_fill_it() -> None:
@@ -81,29 +77,12 @@ async def test_a_burst_is_claimed_in_growing_batches_and_each_delivered_once(
     topic = unique("window")
     store = RecordingStore(mongo, 1)
     store.claims = []
-    now = datetime.now(UTC)
-    await store.prepare(now)
-    limits = Limits(max_payload_bytes=1000, horizon=timedelta(days=1))
     ids = [f"w{i}" for i in range(300)]
-    for schedule_id in ids:
-        body = (
-            f'{{"id":"{schedule_id}","topic":"{topic}","executeAt":"2000-01-01T00:00:00Z",'
-            f'"payload":"{schedule_id}"}}'
-        ).encode()
-        await store.insert(parse_new_schedule(body, limits, now), now)
+    await store_overdue(store, topic, ids)
     publisher = KafkaPublisher([servers.kafka_bootstrap], client_id="window")
     await publisher.start()
     leases = LeaseManager(LeaseStore(mongo.buckets, "w"), ttl=30.0)
-    poller = BucketPoller(
-        store,
-        leases,
-        publisher,
-        NodeMetrics(),
-        node_id="w",
-        batch_size=100,
-        poll_interval=0.2,
-        rules=Rules(DEFAULT_POLICY, misfire_threshold=timedelta(days=365 * 30)),
-    )
+    poller = fencing_poller(store, leases, publisher, "w", batch_size=100)
     try:
         assert await leases.acquire([0]) == [0]
         for _ in range(20):  # five rounds take 300; a few more may find the rest

@@ -43,7 +43,11 @@ class FrozenPublisher(KafkaPublisher):
 
 
 def poller(
-    store: ScheduleStore, leases: LeaseManager, publisher: KafkaPublisher, name: str
+    store: ScheduleStore,
+    leases: LeaseManager,
+    publisher: KafkaPublisher,
+    name: str,
+    batch_size: int = 10,
 ) -> BucketPoller:
     return BucketPoller(
         store,
@@ -51,7 +55,7 @@ def poller(
         publisher,
         NodeMetrics(),
         node_id=name,
-        batch_size=10,
+        batch_size=batch_size,
         poll_interval=0.2,
         rules=Rules(
             RetryPolicy(
@@ -62,21 +66,26 @@ def poller(
     )
 
 
-async def test_a_frozen_owner_cannot_overwrite_its_successor(
-    servers: EmbeddedServers, mongo: Any
-) -> None:
-    topic = unique("fence")
-    store = ScheduleStore(mongo, 1)
-    await store.prepare(datetime.now(UTC))
-    limits = Limits(max_payload_bytes=1000, horizon=timedelta(days=1))
+async def store_overdue(store: ScheduleStore, topic: str, ids: Sequence[str]) -> None:
+    """Prepare ``store`` and insert one-shots due long ago, one per id."""
     now = datetime.now(UTC)
-    ids = [f"f{i}" for i in range(25)]
+    await store.prepare(now)
+    limits = Limits(max_payload_bytes=1000, horizon=timedelta(days=1))
     for schedule_id in ids:
         body = (
             f'{{"id":"{schedule_id}","topic":"{topic}","executeAt":"2000-01-01T00:00:00Z",'
             f'"payload":"{schedule_id}"}}'
         ).encode()
         await store.insert(parse_new_schedule(body, limits, now), now)
+
+
+async def test_a_frozen_owner_cannot_overwrite_its_successor(
+    servers: EmbeddedServers, mongo: Any
+) -> None:
+    topic = unique("fence")
+    store = ScheduleStore(mongo, 1)
+    ids = [f"f{i}" for i in range(25)]
+    await store_overdue(store, topic, ids)
 
     real_a = KafkaPublisher([servers.kafka_bootstrap], client_id="a")
     real_b = KafkaPublisher([servers.kafka_bootstrap], client_id="b")
