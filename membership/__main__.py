@@ -1,6 +1,8 @@
 """``python -m membership agent``: the membership layer alone, for
-measurements on real processes. Prints one JSON line per event (with the
-wall-clock time it was seen) and a ``ready`` line once bound."""
+measurements on real processes. Prints one JSON line per change of a
+member's state or data (with the wall-clock time it was seen), whose
+``kind`` is the event's (readers take it as the member's state, so ANSWERED,
+which changes neither, is not printed), and a ``ready`` line once bound."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 import time
 
 from membership.config import preset
-from membership.messages import Event
+from membership.messages import Event, EventKind
 from membership.service import Membership
 
 
@@ -32,7 +34,8 @@ async def agent(args: argparse.Namespace) -> int:
     )
 
     def on_event(event: Event) -> None:
-        _print(event.kind.value, member=event.member.id, incarnation=event.member.incarnation)
+        if event.kind != EventKind.ANSWERED:
+            _print(event.kind.value, member=event.member.id, incarnation=event.member.incarnation)
 
     membership.subscribe(on_event)
     await membership.start()

@@ -5,12 +5,15 @@ Decoding trusts nothing, as it is the trust boundary: every field's type is
 checked, sizes are bounded before msgpack allocates, every address parses
 (``membership.address``: a port of 70000 must never reach a socket call),
 member ids and metadata keep to the characters and lengths a node id may
-have, sequence numbers and incarnations stay in their ranges, and any fault
-raises ``DecodeError`` with a reason the transport counts ("address" for an
-address, "malformed" for any other field). With cluster keys configured, a
-packet is sent with the first key and accepted under any of them, so keys
-rotate without downtime: add the new key second, then move it first, then
-drop the old one.
+have, sequence numbers and incarnations stay in their ranges, each message
+comes on its channel (a ``PushPull`` alone in a stream frame, everything else
+in datagrams), and any fault raises ``DecodeError`` with a reason the
+transport counts ("address" for an address, "channel" for a message on the
+wrong channel, "malformed" for any other field). The header alone can be
+judged (``check_header``), so the transport refuses a stream frame before it
+reads the body. With cluster keys configured, a packet is sent with the
+first key and accepted under any of them, so keys rotate without downtime:
+add the new key second, then move it first, then drop the old one.
 """
 
 from __future__ import annotations
@@ -45,8 +48,15 @@ VERSION = 1
 FLAG_MAC = 0x01
 MAC_BYTES = 32
 HEADER_BYTES = 2
-# A stream frame (push-pull) may hold the whole cluster; a datagram may not.
-MAX_STREAM_BYTES = 16 * 1024 * 1024
+# A stream frame (push-pull) holds the whole member table; a datagram may
+# not. A node's record (an id of 25 characters, an IPv4 address, an
+# incarnation near 2^31 and its four metadata pairs) is 114 bytes on the wire;
+# the largest one the decoder accepts (every field at its limit, 32 metadata
+# pairs of 256 characters) is about 10.7 KB. Allow 1 KiB a member, nine
+# times a node's, for SwimConfig.max_members (4096) members: 4 MiB, which is
+# also what one connection can make the node buffer before the MAC is checked.
+STREAM_BYTES_PER_MEMBER = 1024
+MAX_STREAM_BYTES = 4096 * STREAM_BYTES_PER_MEMBER
 MAX_STR_BYTES = 1024
 
 
@@ -253,18 +263,30 @@ class Codec:
         mac = hmac.new(self.keys[0], header + body, hashlib.sha256).digest()
         return header + mac + body
 
+    def check_header(self, header: bytes) -> None:
+        """Judge a packet by its first ``HEADER_BYTES`` bytes, as ``decode``
+        would: the version, and whether it is signed as we expect. Raises
+        ``DecodeError`` ("truncated", "version" or "mac")."""
+        if len(header) < HEADER_BYTES:
+            raise DecodeError("truncated", "no header")
+        version, flags = header[0], header[1]
+        if version != VERSION:
+            raise DecodeError("version", f"version {version}")
+        if self.keys and not flags & FLAG_MAC:
+            raise DecodeError("mac", "packet is not signed")
+        if not self.keys and flags & FLAG_MAC:
+            raise DecodeError("mac", "signed packet but no cluster key configured")
+
     def decode(self, data: bytes, *, stream: bool = False) -> Packet:
+        """``data`` as a packet from a datagram, or with ``stream`` from a
+        stream frame; ``DecodeError`` with the reason to drop it."""
         limit = MAX_STREAM_BYTES if stream else self.max_bytes
         if len(data) > limit:
             raise DecodeError("too_large", f"{len(data)} bytes")
-        if len(data) < HEADER_BYTES:
-            raise DecodeError("truncated", "no header")
-        version, flags = data[0], data[1]
-        if version != VERSION:
-            raise DecodeError("version", f"version {version}")
+        self.check_header(data[:HEADER_BYTES])
         body = data[HEADER_BYTES:]
         if self.keys:
-            if not flags & FLAG_MAC or len(body) < MAC_BYTES:
+            if len(body) < MAC_BYTES:
                 raise DecodeError("mac", "packet is not signed")
             mac, body = body[:MAC_BYTES], body[MAC_BYTES:]
             signed = data[:HEADER_BYTES] + body
@@ -273,8 +295,6 @@ class Codec:
                 for k in self.keys
             ):
                 raise DecodeError("mac", "no key matches")
-        elif flags & FLAG_MAC:
-            raise DecodeError("mac", "signed packet but no cluster key configured")
         try:
             raw = msgpack.unpackb(
                 body,
@@ -303,8 +323,22 @@ class Codec:
         if not raw[1]:
             raise DecodeError("malformed", "empty packet")
         try:
-            return Packet(_member(raw[0]), tuple(_message(m) for m in raw[1]))
+            packet = Packet(_member(raw[0]), tuple(_message(m) for m in raw[1]))
         except DecodeError:
             raise
         except Exception as exc:  # a check above missed a case: still only a drop
             raise DecodeError("malformed", type(exc).__name__) from None
+        _check_channel(packet, stream=stream)
+        return packet
+
+
+def _check_channel(packet: Packet, *, stream: bool) -> None:
+    """A push-pull travels alone on the stream channel (our sender sends
+    exactly that), everything else in datagrams. A PushPull in a datagram
+    would make us open a TCP connection to whatever address one unsigned
+    datagram names, to send it our whole member table."""
+    exchanges = sum(isinstance(m, PushPull) for m in packet.messages)
+    if stream and (exchanges != 1 or len(packet.messages) != 1):
+        raise DecodeError("channel", "a stream frame carries one push-pull and nothing else")
+    if not stream and exchanges:
+        raise DecodeError("channel", "a push-pull in a datagram")

@@ -1,4 +1,4 @@
-"""Membership timing: immutable, validated, with named presets.
+"""Membership timing and bounds: immutable, validated, with named presets.
 
 ``lan`` takes memberlist's ``DefaultLANConfig`` values (config.go), the
 reference the figures in the README are compared with. ``fast`` trades more
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+from membership.codec import MAX_STREAM_BYTES, STREAM_BYTES_PER_MEMBER
 
 
 class ConfigError(ValueError):
@@ -43,6 +45,16 @@ class SwimConfig:
     dead_retention: float = 3600.0
     # A UDP payload that crosses no fragmentation on common networks.
     max_packet_bytes: int = 1400
+    # Members this node keeps in its table (itself and the dead included):
+    # far above any cluster we run, it bounds the memory and the length of a
+    # probe pass that a flood of made-up members could take. A push-pull of
+    # the whole table must fit one stream frame, so at most
+    # MAX_STREAM_BYTES / STREAM_BYTES_PER_MEMBER (4096).
+    max_members: int = MAX_STREAM_BYTES // STREAM_BYTES_PER_MEMBER
+    # Members never heard of that one datagram may add: gossip rarely carries
+    # more than a couple (a join, a restart); a forged datagram may carry
+    # dozens. A push-pull (a join's full state) may add up to max_members.
+    max_new_per_packet: int = 8
 
     def __post_init__(self) -> None:
         checks = {
@@ -58,6 +70,8 @@ class SwimConfig:
             "awareness_max": self.awareness_max >= 0,
             "dead_retention": self.dead_retention >= 0,
             "max_packet_bytes": 256 <= self.max_packet_bytes <= 65_000,
+            "max_members": 2 <= self.max_members <= MAX_STREAM_BYTES // STREAM_BYTES_PER_MEMBER,
+            "max_new_per_packet": self.max_new_per_packet >= 1,
         }
         for name, ok in checks.items():
             if not ok:

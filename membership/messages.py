@@ -142,6 +142,10 @@ class EventKind(enum.Enum):
     DEAD = "dead"
     LEFT = "left"
     UPDATED = "updated"  # address or metadata changed
+    # This node's own probe of the member was acked, for the first time in
+    # its current life at its current address: before that it is hearsay
+    # (anyone may gossip an Alive), and the node does not place it on buckets.
+    ANSWERED = "answered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,9 @@ class MemberView:
     state: State
     incarnation: int
     meta: tuple[tuple[str, str], ...] = ()
+    # True once the member acked a probe of ours (see EventKind.ANSWERED);
+    # always True for ourselves. Last, with a default, for positional callers.
+    answered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ JOIN_PATIENCE = 5.0
 # After an unexpected error in the driver loop, pause this long before the
 # next round, so a fault that repeats does not spin the CPU.
 ERROR_PAUSE = 0.05
+# At stop, the longest wait for the loops to end once cancelled.
+STOP_WAIT = 5.0
 
 
 async def resolve_seeds(seeds: Sequence[str], default_port: int) -> list[str]:
@@ -128,13 +130,16 @@ class Membership:
 
     @property
     def joined(self) -> bool:
-        """True once we know another live member, or have no seeds to join
-        through (the first node), or the seeds stayed silent for a while
-        (``JOIN_PATIENCE``: we are the first of several starting)."""
+        """True once another live member has answered a probe of ours, or we
+        have no seeds to join through (the first node), or nobody answered
+        for a while (``JOIN_PATIENCE``: we are the first of several starting).
+        A member we only heard of does not count: anyone can gossip an Alive,
+        and a joining node that believed a made-up one would place only
+        itself, for a moment, and take every free bucket."""
         if self.swim is None:
             return False
         if not self.seeds or any(
-            m.state == State.ALIVE and m.id != self.node_id for m in self.swim.view()
+            m.state == State.ALIVE and m.answered and m.id != self.node_id for m in self.swim.view()
         ):
             return True
         return self.clock() - self._started_at >= JOIN_PATIENCE
@@ -232,8 +237,10 @@ class Membership:
         for task in (self._join_task, self._task):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    # Bounded: a loop that swallowed its cancellation must not
+                    # hold up the node's stop for good.
+                    await asyncio.wait_for(asyncio.shield(task), STOP_WAIT)
         await self.transport.stop()
 
     # -- the loop ------------------------------------------------------------------
@@ -261,8 +268,12 @@ class Membership:
             try:
                 delay = max(0.0, self.swim.next_deadline() - self.clock())
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11, wait_for can
+                # swallow a cancellation that lands as the wake-up does, and
+                # this loop would then run on after stop() (a test hung on it).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 try:
                     self.swim.tick(self.clock())
                 except Exception:

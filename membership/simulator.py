@@ -92,7 +92,8 @@ class Simulator:
         return node
 
     def bootstrap(self, count: int, prefix: str = "m") -> list[str]:
-        """``count`` members that already know each other (a formed cluster)."""
+        """``count`` members that already know each other (a formed cluster):
+        each has answered the others' probes."""
         ids = [f"{prefix}{i}" for i in range(count)]
         for node_id in ids:
             self.add_node(node_id)
@@ -101,6 +102,7 @@ class Simulator:
             for other in ids:
                 if other != node_id:
                     swim._apply_alive(Alive(other, 0, self.nodes[other].address), self.now)
+                    swim._answer(swim.members[other], self.now)
             swim.drain()  # the bootstrap itself is not news to gossip
             swim._queue = type(swim._queue)()
             self._schedule_timer(self.nodes[node_id])
@@ -108,6 +110,12 @@ class Simulator:
         return ids
 
     # -- faults ------------------------------------------------------------------
+
+    def inject(self, node_id: str, packet: Packet) -> None:
+        """A datagram from outside the cluster (a forgery on unsigned gossip)
+        for ``node_id``, delivered like any other after the network's delay."""
+        size = len(self.codec.encode(packet))
+        self._push(self.now + self.delay, "packet", (node_id, packet, size))
 
     def crash(self, node_id: str) -> None:
         node = self.nodes[node_id]

@@ -16,11 +16,31 @@ Precedence of updates about a member, by incarnation (SWIM section 4.2):
 * Dead(i) wins over Alive(j) and Suspect(j) for j <= i; Dead and Left are
   final until an Alive with a higher incarnation;
 * about ourselves, Suspect or Dead (and an Alive with a higher incarnation)
-  are refuted: our incarnation jumps past theirs and we broadcast Alive.
+  are refuted: our incarnation jumps past theirs and we broadcast Alive;
+* a Suspect or Dead from the wire (in a packet or a push-pull record) at
+  MAX_INCARNATION is refused (``Stats.refused_updates``), about anyone,
+  ourselves included: its subject can refute only with a higher incarnation
+  and there is none, so one forged packet would bury a live member for
+  good. Our own suspicions (a probe failing, a suspicion timing out) apply
+  at any incarnation: they need no refuting from afar.
 
 States of a member: ALIVE -> SUSPECT (probe failed or a peer suspects it)
 -> DEAD (suspicion timed out, or a peer declared it) and back to ALIVE only
 by a higher incarnation; any state -> LEFT on its own Dead (graceful leave).
+
+Trust: anyone can gossip an Alive, so a member learnt second-hand is
+hearsay until it acks a probe of ours (directly or through a ping-req
+helper): then it is ``answered`` (an ANSWERED event), which it stays until
+it comes back from DEAD or LEFT (a new life) or changes address. We are
+answered ourselves. Only answered members are asked to relay probes (a
+member that never answers never nacks either, and Lifeguard would count
+that against our own health) or picked for the periodic push-pull (a made-up
+member's address is anyone's). Unanswered ALIVE members wait in a queue,
+oldest first, that may take every other probe round: a newcomer is probed
+at once, and a flood of made-up ones takes at most half the rounds from the
+round robin. Against such a flood, a datagram adds at most
+``max_new_per_packet`` members never heard of, and the table holds at most
+``max_members`` (``Stats.refused_members``).
 """
 
 from __future__ import annotations
@@ -70,15 +90,19 @@ class _Member:
     state: State
     meta: Meta
     since: float  # when the state last changed
+    answered: bool = False  # acked a probe of ours in this life, at this address
 
     def view(self) -> MemberView:
-        return MemberView(self.id, self.address, self.state, self.incarnation, self.meta)
+        return MemberView(
+            self.id, self.address, self.state, self.incarnation, self.meta, self.answered
+        )
 
 
 @dataclass
 class _Probe:
     seq: int
     target: str
+    address: str  # where we probed it: an ack answers for that address only
     ack_deadline: float  # no ack by then: ask others (ping-req)
     end: float  # no ack by then: suspect
     acked: bool = False
@@ -110,6 +134,11 @@ class Stats:
     push_pulls: int = 0
     gossip_packets: int = 0
     misdirected: int = 0
+    # Alives about members never heard of, refused: the table was full, or
+    # the datagram had already added max_new_per_packet.
+    refused_members: int = 0
+    # Suspects and Deads from the wire at MAX_INCARNATION (see the module docstring).
+    refused_updates: int = 0
 
 
 class Swim:
@@ -128,7 +157,7 @@ class Swim:
         self.config = config
         self.rng = rng
         self.members: dict[str, _Member] = {
-            node_id: _Member(node_id, address, incarnation, State.ALIVE, meta, now)
+            node_id: _Member(node_id, address, incarnation, State.ALIVE, meta, now, answered=True)
         }
         self.awareness = Awareness(config.awareness_max)
         self.stats = Stats()
@@ -147,6 +176,13 @@ class Swim:
         # members every gossip round is O(N) five times a second, and so is
         # rebuilding on every suspicion, which at 5% loss comes every round.
         self._gossip_peers: list[_Member] | None = None
+        # ALIVE members that have not answered a probe of ours, oldest first
+        # (a dict as an ordered set); entries no longer ALIVE and unanswered
+        # are skipped when reached. _fresh_last: the last round took from it.
+        self._fresh: dict[str, None] = {}
+        self._fresh_last = False
+        # Members never heard of that the packet being received has added.
+        self._new_in_packet = 0
         self._seq = rng.randrange(1 << 30)
         self._outbox: list[Outgoing] = []
         self._events: list[Event] = []
@@ -235,6 +271,7 @@ class Swim:
     # -- input: packets ----------------------------------------------------------
 
     def receive(self, packet: Packet, now: float) -> None:
+        self._new_in_packet = 0
         for message in packet.messages:
             self._handle(message, now)
 
@@ -245,12 +282,14 @@ class Swim:
             case PingReq():
                 self._on_ping_req(message, now)
             case Ack():
-                self._on_ack(message)
+                self._on_ack(message, now)
             case Nack():
                 if self._probe is not None and message.seq == self._probe.seq:
                     self._probe.nacks += 1
             case Alive():
-                self._apply_alive(message, now)
+                self._apply_alive(message, now, in_datagram=True)
+            case Suspect() | Dead() if message.incarnation >= MAX_INCARNATION:
+                self.stats.refused_updates += 1  # cannot be outbid: see the module docstring
             case Suspect():
                 self._apply_suspect(message, now)
             case Dead():
@@ -277,14 +316,31 @@ class Swim:
         )
         self._send(req.target_address, Ping(seq, req.target, self.id, self.me.address))
 
-    def _on_ack(self, ack: Ack) -> None:
+    def _on_ack(self, ack: Ack, now: float) -> None:
         probe = self._probe
         if probe is not None and ack.seq == probe.seq:
+            if ack.source != probe.target:
+                return  # our seq in another's name: not the member answering
             probe.acked = True
+            member = self.members.get(probe.target)
+            if (
+                member is not None
+                and not member.answered
+                and member.address == probe.address
+                and member.state in (State.ALIVE, State.SUSPECT)
+            ):
+                self._answer(member, now)
             return
-        relay = self._relays.pop(ack.seq, None)
-        if relay is not None:
+        relay = self._relays.get(ack.seq)
+        if relay is not None and ack.source == relay.target:
+            del self._relays[ack.seq]
             self._send(relay.requester_address, Ack(relay.requester_seq, ack.source))
+
+    def _answer(self, member: _Member, now: float) -> None:
+        """``member`` acked a probe of ours: no longer hearsay."""
+        member.answered = True
+        self._fresh.pop(member.id, None)
+        self._emit(EventKind.ANSWERED, member, now)
 
     def _on_push_pull(self, message: PushPull, now: float) -> None:
         self.stats.push_pulls += 1
@@ -301,6 +357,8 @@ class Swim:
         for r in records:
             if r.state == State.ALIVE:
                 self._apply_alive(Alive(r.member, r.incarnation, r.address, r.meta), now)
+            elif r.incarnation >= MAX_INCARNATION:
+                self.stats.refused_updates += 1  # cannot be outbid: see the module docstring
             elif r.state == State.LEFT:
                 self._apply_dead(Dead(r.member, r.incarnation, r.member), now)
             else:
@@ -322,19 +380,25 @@ class Swim:
         self.awareness.apply(1)
         self._queue.push(Alive(self.id, me.incarnation, me.address, me.meta))
 
-    def _apply_alive(self, update: Alive, now: float) -> None:
+    def _apply_alive(self, update: Alive, now: float, *, in_datagram: bool = False) -> None:
+        """``in_datagram``: the update came in a datagram, which may add only
+        ``max_new_per_packet`` members never heard of; a push-pull record
+        (and our own bookkeeping) only ``max_members`` in all."""
         if update.member == self.id:
             if update.incarnation > self.incarnation:
                 self._refute(update.incarnation, now)
             return
         member = self.members.get(update.member)
         if member is None:
+            if not self._room_for_one_more(in_datagram=in_datagram):
+                return
             member = _Member(
                 update.member, update.address, update.incarnation, State.ALIVE, update.meta, now
             )
             self.members[update.member] = member
             self._peers_changed()
             self._add_to_probe_order(update.member)
+            self._fresh[member.id] = None
             self._emit(EventKind.JOINED, member, now)
             self._queue.push(update)
             return
@@ -342,9 +406,13 @@ class Swim:
             return
         changed = (member.address, member.meta) != (update.address, update.meta)
         previous = member.state
+        if previous in (State.DEAD, State.LEFT) or member.address != update.address:
+            member.answered = False  # a new life, or someone else at another address
         member.incarnation = update.incarnation
         member.address, member.meta = update.address, update.meta
         self._suspicions.pop(member.id, None)
+        if not member.answered:
+            self._fresh[member.id] = None
         if previous != State.ALIVE:
             member.state, member.since = State.ALIVE, now
             if previous in (State.DEAD, State.LEFT):
@@ -354,6 +422,16 @@ class Swim:
         elif changed:
             self._emit(EventKind.UPDATED, member, now)
         self._queue.push(update)
+
+    def _room_for_one_more(self, *, in_datagram: bool) -> bool:
+        """Whether a member never heard of may join the table."""
+        full = len(self.members) >= self.config.max_members
+        if full or (in_datagram and self._new_in_packet >= self.config.max_new_per_packet):
+            self.stats.refused_members += 1
+            return False
+        if in_datagram:
+            self._new_in_packet += 1
+        return True
 
     def _apply_suspect(self, update: Suspect, now: float) -> None:
         if update.member == self.id:
@@ -446,10 +524,12 @@ class Swim:
         target = self._next_probe_target()
         if target is None:
             return
+        self._fresh.pop(target.id, None)  # an answer is due now either way
         seq = self._next_seq()
         self._probe = _Probe(
             seq=seq,
             target=target.id,
+            address=target.address,
             ack_deadline=now + self.awareness.scale(self.config.probe_timeout),
             end=now + interval,
         )
@@ -470,10 +550,11 @@ class Swim:
         target = self.members.get(probe.target)
         if target is None:
             return
+        # Members that answered us: one that never answers never nacks either.
         helpers = [
             m
             for m in self.members.values()
-            if m.state == State.ALIVE and m.id not in (self.id, probe.target)
+            if m.state == State.ALIVE and m.answered and m.id not in (self.id, probe.target)
         ]
         chosen = self.rng.sample(helpers, min(self.config.indirect_checks, len(helpers)))
         probe.expected_nacks = len(chosen)
@@ -490,20 +571,50 @@ class Swim:
             self.awareness.apply(-1)
             return
         self.stats.probe_failures += 1
-        # Lifeguard: helpers that did not even nack point at our own network.
-        missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
-        self.awareness.apply(missed)
         target = self.members.get(probe.target)
+        # Lifeguard: helpers that did not even nack point at our own network.
+        # Not so for a member that never answered us: failing to reach one
+        # says nothing of our health, and a flood of made-up members must not
+        # stretch every timeout of ours (9x at the top of the scale).
+        if target is not None and target.answered:
+            missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
+            self.awareness.apply(missed)
         if target is not None and target.state in (State.ALIVE, State.SUSPECT):
             self._apply_suspect(Suspect(target.id, target.incarnation, self.id), now)
 
     def _next_probe_target(self) -> _Member | None:
+        """The oldest unanswered member every other round, if any; else the
+        round robin. A member probed from the queue has had its probe of
+        this pass, so the pass is no longer for it: the round robin keeps at
+        least half the rounds, and a member answered late does not delay the
+        others by more than its own turn."""
+        if not self._fresh_last:
+            fresh = self._next_fresh()
+            if fresh is not None:
+                self._fresh_last = True
+                self._probe_ahead.discard(fresh.id)
+                return fresh
+        self._fresh_last = False
+        return self._next_in_pass()
+
+    def _next_fresh(self) -> _Member | None:
+        while self._fresh:
+            member_id = next(iter(self._fresh))
+            del self._fresh[member_id]
+            member = self.members.get(member_id)
+            if member is not None and member.state == State.ALIVE and not member.answered:
+                return member
+        return None
+
+    def _next_in_pass(self) -> _Member | None:
         """Randomized round robin (SWIM section 4.3): every member is probed
         once per pass over a shuffled list, so detection time is bounded."""
         for _ in range(2):
             while self._probe_index < len(self._probe_order):
                 member_id = self._probe_order[self._probe_index]
                 self._probe_index += 1
+                if member_id not in self._probe_ahead:
+                    continue  # probed from the unanswered queue in this pass
                 self._probe_ahead.discard(member_id)
                 member = self.members.get(member_id)
                 if member is not None and member.state in (State.ALIVE, State.SUSPECT):
@@ -556,8 +667,14 @@ class Swim:
             if member.state in (State.DEAD, State.LEFT) and now - member.since > retention:
                 del self.members[member.id]  # not a gossip peer: dead or left
         # Dead members stay candidates: an exchange across a healed partition
-        # is what lets both sides learn the other is alive again.
-        candidates = [m for m in self.members.values() if m.id != self.id and m.state != State.LEFT]
+        # is what lets both sides learn the other is alive again. Only those
+        # that once answered us: a made-up member's address is anyone's, and
+        # the exchange is a TCP connection carrying our whole table.
+        candidates = [
+            m
+            for m in self.members.values()
+            if m.id != self.id and m.state != State.LEFT and m.answered
+        ]
         if candidates:
             self._send_push_pull(self.rng.choice(candidates).address, join=False, reply=False)
 

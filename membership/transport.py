@@ -2,11 +2,28 @@
 same port number (as memberlist does).
 
 The transport never raises into its caller for anything a peer sent: a
-packet that is too large, truncated, of an unknown version, fails the MAC or
-does not decode is dropped and counted under its reason in ``dropped``.
+packet that is too large, truncated, of an unknown version, fails the MAC,
+does not decode, or comes on the wrong channel (a push-pull in a datagram,
+anything but one push-pull in a stream frame: "channel") is dropped and
+counted under its reason in ``dropped``.
+
+A TCP connection carries one frame, as our sender sends (the rest of it is
+not read), and must deliver it within ``STREAM_TIMEOUT``. After the 4-byte
+length (refused past ``MAX_STREAM_BYTES``) the 2-byte header is judged
+before a byte of the body is read: a frame of another version, or unsigned
+when we hold keys (signed when we hold none), costs its sender six bytes of
+our attention, not a body buffered before its MAC is checked. At most
+``MAX_STREAMS_IN`` connections are read at a time: one past that is closed
+unread and dropped as "busy". At most ``MAX_STREAMS_OUT`` push-pulls are
+sent at a time: past that a send is dropped and counted in
+``counters["streams_out_busy"]``.
+
 Every packet (datagram or stream frame) that arrives, or begins to, counts
 once in ``counters["packets_in"]`` and then either once in
-``counters["packets_accepted"]`` or once under a reason in ``dropped``.
+``counters["packets_accepted"]`` or once under a reason in ``dropped``. A
+connection refused over the cap counts as one frame (dropped, "busy"); one
+closed before its first byte as none. ``counters["streams_in"]`` counts the
+connections read.
 
 Sending never raises either, and never closes the socket: a destination is
 parsed (``membership.address``) before any socket call, so asyncio's fatal
@@ -29,11 +46,24 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from membership.address import AddressError, parse_address
-from membership.codec import MAX_STREAM_BYTES, Codec, DecodeError
+from membership.codec import HEADER_BYTES, MAX_STREAM_BYTES, Codec, DecodeError
 from membership.messages import Packet
 
 FRAME = struct.Struct(">I")
+# A connection's time to deliver its one frame: a silent or trickling one
+# holds a slot no longer (a frame of MAX_STREAM_BYTES in it needs 7 Mbit/s).
 STREAM_TIMEOUT = 5.0
+# Inbound connections read at a time. Each may make us buffer a frame of up
+# to MAX_STREAM_BYTES before its MAC is checked, so 16 bound that to 64 MiB;
+# a cluster opens one exchange per member per push-pull interval (and one per
+# joining node), far fewer at once.
+MAX_STREAMS_IN = 16
+# Push-pulls we send at a time: one per interval, one answer per exchange we
+# receive, one per seed when joining. Past 8 at once we are being made to
+# send our whole table by a flood of exchanges, or joining through a DNS seed
+# naming many members: one answered exchange is enough to join, and
+# Membership._join_seeds tries again the seeds it still does not know.
+MAX_STREAMS_OUT = 8
 # Binding the datagram socket again after it closed unexpectedly: first
 # pause, doubling up to the last.
 REOPEN_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -91,6 +121,8 @@ class Transport:
         self._protocol: _Datagrams | None = None
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._streams_in = 0  # connections being read
+        self._streams_out = 0  # push-pull sends begun and not ended
         self._host = ""
         self._stopping = False
         self.port = 0
@@ -138,10 +170,11 @@ class Transport:
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- the datagram socket closing under us --------------------------------------
 
@@ -200,36 +233,53 @@ class Transport:
             log.exception("membership: error handling a packet")
 
     def _frame_dropped(self, reason: str) -> None:
-        """A stream frame that began to arrive but cannot be read."""
+        """A stream frame that began to arrive (or a connection refused) but
+        is not read to the end."""
         self.counters["packets_in"] += 1
         self.dropped[reason] += 1
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._streams_in >= MAX_STREAMS_IN:
+            self._frame_dropped("busy")
+            writer.transport.abort()  # unread: no reason to linger on it
+            return
+        self._streams_in += 1
+        self.counters["streams_in"] += 1
         try:
-            while True:
-                try:
-                    header = await asyncio.wait_for(reader.readexactly(FRAME.size), STREAM_TIMEOUT)
-                except asyncio.IncompleteReadError as exc:
-                    if exc.partial:  # part of a header, then the end
-                        self._frame_dropped("truncated")
-                    return  # else a clean end between frames
-                (length,) = FRAME.unpack(header)
-                if length > MAX_STREAM_BYTES:
-                    self._frame_dropped("too_large")
-                    return
-                try:
-                    data = await asyncio.wait_for(reader.readexactly(length), STREAM_TIMEOUT)
-                except asyncio.IncompleteReadError:
-                    self._frame_dropped("truncated")  # a header, then less than it said
-                    return
-                self.received(data, stream=True)
+            await asyncio.wait_for(self._read_frame(reader), STREAM_TIMEOUT)
         except (TimeoutError, OSError):
             self._frame_dropped("stream_error")
         except Exception:
             self._frame_dropped("stream_error")
             log.exception("membership: error reading a push-pull stream")
         finally:
+            self._streams_in -= 1
             writer.close()
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> None:
+        """Read the connection's one frame, judging it on its length and
+        header before its body; count it once (see the module docstring)."""
+        try:
+            prefix = await reader.readexactly(FRAME.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:  # part of a length, then the end
+                self._frame_dropped("truncated")
+            return  # else closed before a byte: no frame
+        (length,) = FRAME.unpack(prefix)
+        if length > MAX_STREAM_BYTES:
+            self._frame_dropped("too_large")
+            return
+        try:
+            header = await reader.readexactly(min(length, HEADER_BYTES))
+            self.codec.check_header(header)
+            body = await reader.readexactly(length - len(header))
+        except asyncio.IncompleteReadError:
+            self._frame_dropped("truncated")  # a length, then less than it said
+            return
+        except DecodeError as exc:
+            self._frame_dropped(exc.reason)  # refused on its header: the body stays unread
+            return
+        self.received(header + body, stream=True)
 
     # -- sending -------------------------------------------------------------------
 
@@ -251,7 +301,15 @@ class Transport:
             log.exception("membership: cannot encode a packet")
             return
         if reliable:
-            self._spawn(self._send_stream(destination, data))
+            if len(data) > MAX_STREAM_BYTES:  # every peer would refuse it
+                self.counters["oversize_not_sent"] += 1
+                return
+            if self._streams_out >= MAX_STREAMS_OUT:
+                self.counters["streams_out_busy"] += 1
+                return
+            self._streams_out += 1
+            # On the task's end, even when it is cancelled before it starts.
+            self._spawn(self._send_stream(destination, data)).add_done_callback(self._stream_sent)
             return
         if len(data) > self.codec.max_bytes:
             self.counters["oversize_not_sent"] += 1
@@ -268,6 +326,9 @@ class Transport:
             return
         self.counters["packets_out"] += 1
         self.counters["bytes_out"] += len(data)
+
+    def _stream_sent(self, _task: asyncio.Task[None]) -> None:
+        self._streams_out -= 1
 
     async def _send_stream(self, destination: tuple[str, int], data: bytes) -> None:
         try:

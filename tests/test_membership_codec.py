@@ -18,6 +18,8 @@ from membership.codec import (
     HEADER_BYTES,
     MAC_BYTES,
     MAX_STR_BYTES,
+    MAX_STREAM_BYTES,
+    STREAM_BYTES_PER_MEMBER,
     VERSION,
     Codec,
     DecodeError,
@@ -26,6 +28,7 @@ from membership.codec import (
     is_meta,
     message_size,
 )
+from membership.config import SwimConfig
 from membership.messages import (
     MAX_INCARNATION,
     MAX_SEQ,
@@ -47,7 +50,7 @@ KEY = bytes(range(32))
 OLD_KEY = b"o" * 16
 NEW_KEY = b"n" * 24
 OTHER_KEY = b"x" * 32
-REASONS = {"too_large", "truncated", "version", "mac", "malformed", "address"}
+REASONS = {"too_large", "truncated", "version", "mac", "malformed", "address", "channel"}
 BIG = MAX_INCARNATION
 
 MESSAGES: list[Message] = [
@@ -99,15 +102,16 @@ def test_every_message_round_trips(message: Message, keys: tuple[bytes, ...]) ->
     data = codec.encode(packet)
     assert data[0] == VERSION
     assert data[1] == (1 if keys else 0)
-    decoded = codec.decode(data)
+    # A push-pull travels on the stream channel, everything else in datagrams.
+    decoded = codec.decode(data, stream=isinstance(message, PushPull))
     assert decoded == packet
     assert type(decoded.messages[0]) is type(message)
 
 
 def test_a_packet_with_many_messages_round_trips_in_order() -> None:
-    codec = Codec([KEY])
-    packet = Packet("sender", tuple(MESSAGES))
-    assert codec.decode(codec.encode(packet), stream=True) == packet
+    codec = Codec([KEY], max_bytes=4096)
+    packet = Packet("sender", tuple(m for m in MESSAGES if not isinstance(m, PushPull)))
+    assert codec.decode(codec.encode(packet)) == packet
     # The signature costs exactly the MAC.
     assert len(codec.encode(packet)) == len(Codec().encode(packet)) + MAC_BYTES
 
@@ -216,6 +220,82 @@ def test_version(version: int) -> None:
     data[0] = version
     assert reason(Codec(), bytes(data)) == "version"
     assert reason(Codec([KEY]), bytes(data)) == "version"
+
+
+# -- channels and stream frames ------------------------------------------------------------
+
+EXCHANGE = PushPull("a", "10.0.0.1:7946", (), False, False)
+
+
+@pytest.mark.parametrize("keys", [(), (KEY,)], ids=["plain", "signed"])
+def test_a_push_pull_travels_only_on_the_stream(keys: tuple[bytes, ...]) -> None:
+    """One datagram holding a PushPull made a node open a TCP connection to
+    any address the datagram named; and a stream frame carries one push-pull,
+    nothing else (the sender sends exactly that)."""
+    codec = Codec(keys)
+    alone = Packet("a", (EXCHANGE,))
+    assert codec.decode(codec.encode(alone), stream=True) == alone
+    assert reason(codec, codec.encode(alone)) == "channel"
+    behind_a_ping = Packet("a", (Ping(1, "b", "a", "a:7946"), EXCHANGE))
+    assert reason(codec, codec.encode(behind_a_ping)) == "channel"
+    for packet in (
+        PACKET,
+        behind_a_ping,
+        Packet("a", (EXCHANGE, Alive("b", 1, "10.0.0.2:7946"))),
+        Packet("a", (EXCHANGE, EXCHANGE)),
+    ):
+        assert reason(codec, codec.encode(packet), stream=True) == "channel"
+
+
+@pytest.mark.parametrize("keys", [(), (KEY,)], ids=["plain", "signed"])
+@pytest.mark.parametrize(
+    "header", [b"", b"\x01", b"\x01\x00", b"\x01\x01", b"\x01\x03", b"\x02\x00", b"\x00\x01"]
+)
+def test_a_frame_header_is_judged_alone_as_decode_judges_it(
+    header: bytes, keys: tuple[bytes, ...]
+) -> None:
+    """The transport refuses a stream frame on its first two bytes, before it
+    reads a body of up to MAX_STREAM_BYTES: for the same reason decode would."""
+    codec = Codec(keys)
+    whole = header + Codec(keys).encode(Packet("a", (EXCHANGE,)))[HEADER_BYTES:]
+    try:
+        codec.check_header(header)
+    except DecodeError as exc:
+        assert reason(codec, whole if len(header) == HEADER_BYTES else header) == exc.reason
+    else:
+        assert len(header) == HEADER_BYTES and header[0] == VERSION
+        assert bool(header[1] & 1) == bool(keys)
+
+
+def test_a_full_member_table_fits_one_stream_frame() -> None:
+    """MAX_STREAM_BYTES is SwimConfig.max_members records of
+    STREAM_BYTES_PER_MEMBER: that bound must hold a node's record with room."""
+    node_record = MemberRecord(
+        "scheduler-7d9f8c6b5-x2k4p",
+        "10.244.12.201:7946",
+        1_735_689_600,
+        State.SUSPECT,
+        (("http", "10.244.12.201:8080"), ("placement", "3"), ("store", "cut"), ("broker", "cut")),
+    )
+    cost = message_size(PushPull("a", "10.0.0.1:7946", (node_record,), False, False)) - (
+        message_size(EXCHANGE)
+    )
+    assert cost <= STREAM_BYTES_PER_MEMBER / 8
+    meta = (("http", "10.0.0.1:8080"), ("placement", "3"))
+    table = tuple(
+        MemberRecord(
+            f"m{i:04d}-" + "x" * 58,
+            f"10.{i >> 8}.{i & 255}.1:7946",
+            MAX_INCARNATION,
+            State.ALIVE,
+            meta,
+        )
+        for i in range(SwimConfig().max_members)
+    )
+    exchange = PushPull("m0000", "10.0.0.1:7946", table, False, False)
+    data = Codec([KEY]).encode(Packet("m0000", (exchange,)))
+    assert len(data) <= MAX_STREAM_BYTES == SwimConfig().max_members * STREAM_BYTES_PER_MEMBER
+    assert Codec([KEY]).decode(data, stream=True).messages == (exchange,)
 
 
 PING_FIELDS: list[Any] = [1, 5, "b", "a", "a:7946"]
@@ -329,7 +409,7 @@ def test_each_well_formed_body_still_decodes() -> None:
         with_field(PING_FIELDS, 2, "x" * 64),
     ]
     for fields in valid:
-        assert len(Codec().decode(body("a", [fields])).messages) == 1
+        assert len(Codec().decode(body("a", [fields]), stream=fields[0] == 8).messages) == 1
 
 
 # -- values from the wire: addresses, ids, metadata, numbers ----------------------------
@@ -464,7 +544,7 @@ def test_an_address_of_the_wrong_type_is_malformed(address: Any) -> None:
 @pytest.mark.parametrize("address", sorted(GOOD_ADDRESSES))
 def test_every_valid_address_is_accepted_everywhere(address: str) -> None:
     for fields in addressed_bodies(address):
-        assert len(Codec().decode(body("a", [fields]), stream=True).messages) == 1
+        assert len(Codec().decode(body("a", [fields]), stream=fields[0] == 8).messages) == 1
 
 
 def test_a_ping_with_port_70000_is_dropped_signed_or_not() -> None:
@@ -512,7 +592,7 @@ def test_member_ids_like_node_ids_are_accepted(member: str) -> None:
     assert is_member_id(member)
     assert Codec().decode(body(member, [PING_FIELDS])).sender == member
     for fields in id_bodies(member):
-        assert len(Codec().decode(body("a", [fields])).messages) == 1
+        assert len(Codec().decode(body("a", [fields]), stream=fields[0] == 8).messages) == 1
 
 
 @pytest.mark.parametrize("member", [7, None, ["a"], True])

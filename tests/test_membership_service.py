@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from membership.codec import Codec, DecodeError
+import membership.transport as transport_module
+from membership.codec import FLAG_MAC, MAX_STREAM_BYTES, VERSION, Codec, DecodeError
 from membership.config import FAST
 from membership.messages import (
     Ack,
+    Alive,
     Event,
     EventKind,
     MemberRecord,
@@ -23,8 +25,9 @@ from membership.messages import (
     PushPull,
     State,
 )
-from membership.service import Membership, resolve_seeds
-from membership.transport import FRAME
+from membership.service import JOIN_PATIENCE, Membership, resolve_seeds
+from membership.state import Swim
+from membership.transport import FRAME, MAX_STREAMS_IN, MAX_STREAMS_OUT
 from node.ops.embedded import port_taken
 from tests.conftest import wait_until
 
@@ -408,3 +411,263 @@ async def test_an_unusable_advertise_address_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="cannot advertise"):
         await membership.start()
     assert not membership.transport.udp_open
+
+
+# -- the gossip port under attack: channels, frames, connections (issue: ghosts) -------------
+
+KEY = bytes(range(32))
+
+
+def exchange(source: str, address: str, *members: str, reply: bool = True) -> Packet:
+    records = tuple(MemberRecord(m, "127.0.0.1:1", 1, State.ALIVE) for m in members)
+    return Packet(source, (PushPull(source, address, records, False, reply),))
+
+
+def counted_once(membership: Membership) -> bool:
+    """The transport's invariant: every packet that arrived, or began to, is
+    accepted or dropped under one reason."""
+    counters, dropped = membership.transport.counters, membership.transport.dropped
+    inbound = sum(n for reason, n in dropped.items() if reason != "partitioned")
+    return counters["packets_in"] == counters["packets_accepted"] + inbound
+
+
+async def read_to_the_end(reader: asyncio.StreamReader) -> bytes:
+    """What the node sends before it closes (a reset is a close too)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 10)  # a hang guard
+    except ConnectionError:
+        return b""
+
+
+async def test_a_push_pull_datagram_is_dropped_and_opens_no_connection(  # type: ignore[no-untyped-def]
+    start, prober: Prober
+) -> None:
+    """One forged datagram used to make the node connect to whatever address
+    it named (the push-pull answer goes over TCP)."""
+    a = await start("a")
+    assert a.swim is not None
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        victim = f"127.0.0.1:{listener.getsockname()[1]}"
+        prober.send(a, Codec().encode(exchange("m", victim, "m", reply=False)))
+        await prober.answered(a)  # sent after it from the same socket: it was handled
+        assert a.transport.dropped["channel"] == 1
+        assert a.swim.stats.push_pulls == 0
+        assert "m" not in states(a)
+        assert a.transport.counters["streams_out"] == 0
+        assert a.transport.counters["stream_connect_errors"] == 0
+
+    # And a stream frame that is not one push-pull is dropped too.
+    answers = a.transport.counters["packets_out"]
+    ping = Codec().encode(Packet("m", (Ping(1, "a", "m", "127.0.0.1:1"),)))
+    reader, writer = await asyncio.open_connection("127.0.0.1", a.transport.port)
+    writer.write(FRAME.pack(len(ping)) + ping)
+    await writer.drain()
+    await read_to_the_end(reader)
+    writer.close()
+
+    async def dropped_twice() -> bool:
+        return a.transport.dropped["channel"] == 2
+
+    await wait_until(dropped_twice, what="the ping over the stream to be dropped")
+    assert a.transport.counters["packets_out"] == answers  # not acked
+    assert counted_once(a)
+
+
+async def test_a_stream_frame_is_refused_on_its_header_before_its_body(start) -> None:  # type: ignore[no-untyped-def]
+    """With keys, an unsigned frame is refused on its first six bytes (length
+    and header): the node used to read up to 16 MiB before it checked the MAC."""
+    a = await start("a", keys=(KEY,))
+    b = await start("b")
+
+    def refused(node: Membership, length: int, header: bytes) -> int:
+        """Send a frame's length and header, wait for ``node`` to close (it
+        must not wait for the body), then write the body: how much of it
+        went before the write failed."""
+        with socket.create_connection(("127.0.0.1", node.transport.port), timeout=10) as sock:
+            # A small buffer: the write fails once the node's reset is back,
+            # not after the kernel took megabytes on its behalf.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+            sock.sendall(FRAME.pack(length) + header)
+            with contextlib.suppress(ConnectionError):
+                assert sock.recv(1) == b""  # closed (the timeout is a hang guard)
+            sent, chunk = 0, bytes(64 * 1024)
+            with contextlib.suppress(OSError):
+                while sent < length:
+                    sent += sock.send(chunk)
+            return sent
+
+    def assert_refused(node: Membership, length: int, header: bytes) -> None:
+        sent = refused(node, length, header)
+        assert sent < length // 2, f"{sent} bytes of the body went before the write failed"
+
+    unsigned, signed = bytes((VERSION, 0)), bytes((VERSION, FLAG_MAC))
+    await asyncio.to_thread(assert_refused, a, MAX_STREAM_BYTES, unsigned)
+    assert dict(a.transport.dropped) == {"mac": 1}
+    await asyncio.to_thread(assert_refused, a, MAX_STREAM_BYTES, bytes((VERSION + 8, FLAG_MAC)))
+    assert dict(a.transport.dropped) == {"mac": 1, "version": 1}
+    # 16 MiB, the old limit (read in full before), is past the new one.
+    await asyncio.to_thread(assert_refused, a, 16 * 1024 * 1024, signed)
+    assert dict(a.transport.dropped) == {"mac": 1, "version": 1, "too_large": 1}
+    # Without keys, a signed frame is refused on its header the same way.
+    await asyncio.to_thread(assert_refused, b, MAX_STREAM_BYTES, signed)
+    assert dict(b.transport.dropped) == {"mac": 1}
+
+    # A good frame still gets through.
+    valid = Codec([KEY]).encode(exchange("m", "127.0.0.1:1", "m"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", a.transport.port)
+    writer.write(FRAME.pack(len(valid)) + valid)
+    await writer.drain()
+    await read_to_the_end(reader)
+    writer.close()
+    assert "m" in states(a)
+    assert counted_once(a) and counted_once(b)
+
+
+async def test_a_connection_carries_one_frame(start) -> None:  # type: ignore[no-untyped-def]
+    a = await start("a")
+    first, second = (Codec().encode(exchange("m", "127.0.0.1:1", m)) for m in ("m1", "m2"))
+    before = a.transport.counters["packets_in"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", a.transport.port)
+    writer.write(FRAME.pack(len(first)) + first + FRAME.pack(len(second)) + second)
+    await writer.drain()
+    with contextlib.suppress(OSError):
+        writer.write_eof()
+    await read_to_the_end(reader)  # the node closed: it is done with the connection
+    writer.close()
+    assert "m1" in states(a)
+    assert "m2" not in states(a)
+    assert a.transport.counters["packets_in"] == before + 1
+    assert counted_once(a)
+
+
+async def test_stream_connections_past_the_cap_are_closed_and_counted(  # type: ignore[no-untyped-def]
+    start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The held connections must not time out while the test runs, however slow.
+    monkeypatch.setattr(transport_module, "STREAM_TIMEOUT", 120.0)
+    a = await start("a")
+    port = a.transport.port
+    held = []
+    for _ in range(MAX_STREAMS_IN):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x00\x00")  # half a length prefix: the node waits for the rest
+        await writer.drain()
+        held.append((reader, writer))
+
+    async def all_held() -> bool:
+        return a.transport.counters["streams_in"] == MAX_STREAMS_IN
+
+    await wait_until(all_held, what="the node to read every held connection")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    valid = Codec().encode(exchange("m", "127.0.0.1:1", "m"))
+    writer.write(FRAME.pack(len(valid)) + valid)
+    with contextlib.suppress(OSError):
+        await writer.drain()
+    assert await read_to_the_end(reader) == b""  # closed at once, unread
+    writer.close()
+
+    async def refused() -> bool:
+        return a.transport.dropped["busy"] == 1
+
+    await wait_until(refused, what="the connection past the cap to be counted")
+    assert "m" not in states(a)
+    assert a.transport.counters["streams_in"] == MAX_STREAMS_IN
+
+    # Once they end (half a prefix each: truncated), connections are read again.
+    for _reader, held_writer in held:
+        held_writer.close()
+
+    async def released() -> bool:
+        return a.transport.dropped["truncated"] == MAX_STREAMS_IN
+
+    await wait_until(released, what="the held connections to end")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(FRAME.pack(len(valid)) + valid)
+    await writer.drain()
+    await read_to_the_end(reader)
+    writer.close()
+    assert "m" in states(a)
+    assert counted_once(a)
+
+
+async def test_push_pull_sends_past_the_cap_are_dropped_and_counted(start) -> None:  # type: ignore[no-untyped-def]
+    a = await start("a")
+    frames = 0
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal frames
+        with contextlib.suppress(Exception):
+            (length,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+            await reader.readexactly(length)
+            frames += 1
+        writer.close()
+
+    server = await asyncio.start_server(sink, "127.0.0.1", 0)
+    try:
+        destination = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        packet = exchange("a", a.address, "a")
+        for _ in range(MAX_STREAMS_OUT + 3):
+            a.transport.send(destination, packet, reliable=True)
+        # Counted when asked: the cap is on sends begun and not yet ended.
+        assert a.transport.counters["streams_out_busy"] == 3
+
+        async def sent() -> bool:
+            return a.transport.counters["streams_out"] == MAX_STREAMS_OUT and frames == 8
+
+        await wait_until(sent, what="the sends within the cap to arrive")
+        a.transport.send(destination, packet, reliable=True)  # a slot is free again
+
+        async def one_more() -> bool:
+            return frames == MAX_STREAMS_OUT + 1
+
+        await wait_until(one_more, what="a send after the others ended")
+        assert a.transport.counters["streams_out_busy"] == 3
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_joined_counts_only_a_member_that_answered_our_probe() -> None:
+    """A forged Alive made a joining node believe it had company: it then
+    placed only itself for a moment and took every free bucket."""
+    now = 0.0
+    membership = Membership(
+        "a",
+        bind=("127.0.0.1", 0),
+        advertise_host="127.0.0.1",
+        config=FAST,
+        seeds=["127.0.0.1:7001"],
+        clock=lambda: now,
+    )
+    swim = Swim("a", "127.0.0.1:7000", FAST, now=now, rng=random.Random(3))
+    membership.swim, membership._started_at = swim, now
+    swim.receive(Packet("b", (Alive("b", 1, "127.0.0.1:7001"),)), now)
+    assert swim.state_of("b") == State.ALIVE
+    assert not membership.joined
+
+    # Our probe of b, and b's ack.
+    pings: list[Ping] = []
+    while not pings:
+        now = swim.next_deadline()
+        swim.tick(now)
+        pings = [m for o in swim.drain()[0] for m in o.packet.messages if isinstance(m, Ping)]
+    swim.receive(Packet("b", (Ack(pings[0].seq, "b"),)), now)
+    assert membership.joined
+
+    # Nobody answering at all: after JOIN_PATIENCE we are the first member up.
+    alone = Membership(
+        "c",
+        bind=("127.0.0.1", 0),
+        advertise_host="127.0.0.1",
+        config=FAST,
+        seeds=["127.0.0.1:7001"],
+        clock=lambda: now,
+    )
+    alone.swim = Swim("c", "127.0.0.1:7002", FAST, now=now, rng=random.Random(4))
+    alone._started_at = now
+    alone.swim.receive(Packet("b", (Alive("ghost", 1, "127.0.0.1:7003"),)), now)
+    assert not alone.joined
+    now += JOIN_PATIENCE
+    assert alone.joined

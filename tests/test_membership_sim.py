@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from membership.config import FAST, LAN, SwimConfig
-from membership.messages import EventKind, State
+from membership.messages import Alive, EventKind, Packet, State
 from membership.simulator import Simulator
 
 
@@ -227,3 +227,70 @@ def test_same_seed_same_run() -> None:
     }
     assert first.dropped == second.dropped
     assert scenario(43).observations != first.observations
+
+
+# -- forged members (unsigned gossip) ------------------------------------------------------
+
+
+def answered(sim: Simulator, observer: str, member: str) -> bool:
+    return {m.id: m.answered for m in sim.nodes[observer].swim.view()}.get(member, False)
+
+
+def test_forged_members_are_never_answered_and_end_dead() -> None:
+    """The review's attack: 600 forged datagrams naming 30 made-up members,
+    sent to the members of a 3-member cluster. Ghosts never answer a probe,
+    so they are never placed (the node places ALIVE and answered members),
+    and the probes of them bury them."""
+    sim = Simulator(FAST, seed=21)
+    ids = sim.bootstrap(3)
+    sim.run_until(2.0)
+    ghosts = [f"ghost{i:02d}" for i in range(30)]
+    for n in range(600):
+        names = [ghosts[(3 * n + k) % len(ghosts)] for k in range(3)]
+        forged = Packet("mallory", tuple(Alive(g, 0, f"{g}:7946") for g in names))
+        sim.inject(ids[n % len(ids)], forged)
+    sim.run_until(2.1)
+    assert all(sim.all_see(g, State.ALIVE, among=ids) for g in ghosts)  # the forgeries landed
+
+    def buried() -> bool:
+        return all(sim.all_see(g, State.DEAD, among=ids) for g in ghosts)
+
+    # Every ghost is probed within every other round of a pass, then suspected.
+    bound = 2 * len(ghosts) * FAST.probe_interval + FAST.suspicion_timeouts(33)[1]
+    sim.run_until(2.1 + bound, stop=buried)
+    assert buried()
+    assert not [
+        o
+        for o in sim.observations
+        if o.event.kind == EventKind.ANSWERED and o.event.member.id in ghosts
+    ]
+    assert not any(answered(sim, o, g) for o in ids for g in ghosts)
+    # The real members were never in doubt.
+    assert {member for _, _, member in deaths(sim)} == set(ghosts)
+    assert all(answered(sim, o, m) for o in ids for m in ids)
+    assert everyone_sees_everyone_alive(sim)
+
+
+def test_a_joining_member_is_answered_everywhere_within_a_few_probe_intervals() -> None:
+    sim = Simulator(FAST, seed=22, loss=0.01)
+    ids = sim.bootstrap(5)
+    sim.run_until(3.0)
+    sim.add_node("joiner", seeds=["m2"])
+    sim.run_until(3.0 + (len(ids) + 2) * FAST.probe_interval)
+    heard = sim.first_seen("joiner", EventKind.JOINED, after=3.0)
+    answered_at = sim.first_seen("joiner", EventKind.ANSWERED, after=3.0)
+    assert set(answered_at) == set(heard) == set(ids)
+    # Each member probes a newcomer at its next round or the one after (not
+    # somewhere in its pass), and that probe ends one interval later.
+    for member in ids:
+        assert answered_at[member] - heard[member] <= 3 * FAST.probe_interval, member
+    assert all(answered(sim, o, "joiner") for o in ids)
+    # The joiner answers a member as soon (Membership.joined waits for that),
+    # and every member within a pass.
+    by_joiner = [
+        o.at
+        for o in sim.observations
+        if o.observer == "joiner" and o.event.kind == EventKind.ANSWERED
+    ]
+    assert min(by_joiner) - min(heard.values()) <= 3 * FAST.probe_interval
+    assert all(answered(sim, "joiner", m) for m in ids)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from membership.codec import Codec
-from membership.config import LAN, SwimConfig
+from membership.config import LAN, ConfigError, SwimConfig
 from membership.messages import (
     MAX_INCARNATION,
     MAX_SEQ,
@@ -96,14 +96,13 @@ class Net:
         return swim
 
     def know(self, node_id: str, *others: str, incarnation: int | None = None) -> None:
-        """Teach ``node_id`` that ``others`` are alive (phantoms when not in the net)."""
-        updates = []
+        """Teach ``node_id`` that ``others`` are alive (phantoms when not in the net),
+        one datagram each: a datagram adds few members we never heard of."""
         for other in others:
             inc = incarnation
             if inc is None:
                 inc = self.nodes[other].incarnation if other in self.nodes else 0
-            updates.append(Alive(other, inc, address(other)))
-        self.tell(node_id, *updates, sender=others[0] if others else "z")
+            self.tell(node_id, Alive(other, inc, address(other)), sender=other)
 
     def tell(self, to: str, *messages: Message, sender: str = "z") -> None:
         self.nodes[to].receive(Packet(sender, messages), self.now)
@@ -205,6 +204,15 @@ def solo(*others: str, incarnation: int = 0, config: SwimConfig = LAN) -> Net:
         net.know("a", *others)
         net.events.clear()
     return net
+
+
+def vouch(net: Net, node_id: str, *members: str) -> None:
+    """Mark ``members`` answered at ``node_id``, as if they had acked its
+    probes (phantoms cannot): only members that answered relay probes."""
+    swim = net.nodes[node_id]
+    for member in members:
+        swim._answer(swim.members[member], net.now)
+    net.flush()
 
 
 def ping(sent: Sent) -> Ping:
@@ -584,10 +592,11 @@ def test_accusations_about_ourselves_are_refuted(
 @pytest.mark.parametrize(
     "accusation",
     [
-        Suspect("a", MAX_INCARNATION, "b"),
-        Dead("a", MAX_INCARNATION, "b"),
+        # (A Suspect or Dead at the top itself is refused, never refuted: see
+        # test_suspect_or_dead_at_the_top_of_the_range_from_the_wire_is_refused.)
         Alive("a", MAX_INCARNATION, "x:1"),
         Suspect("a", MAX_INCARNATION - 1, "b"),
+        Dead("a", MAX_INCARNATION - 1, "b"),
     ],
 )
 def test_refutation_saturates_at_the_top_of_the_incarnation_range(accusation: Message) -> None:
@@ -602,10 +611,10 @@ def test_refutation_saturates_at_the_top_of_the_incarnation_range(accusation: Me
     net.tell("a", Ping(5, "a", "b", "b:7946"), sender="b")
     net.run(1.0)
     codec = Codec([KEY])
-    sent = [s.out.packet for s in net.sent if s.sender == "a"]
-    assert any(Alive("a", MAX_INCARNATION, "a:7946") in p.messages for p in sent)
-    for packet in sent:
-        assert codec.decode(codec.encode(packet), stream=True) == packet
+    sent = [s.out for s in net.sent if s.sender == "a"]
+    assert any(Alive("a", MAX_INCARNATION, "a:7946") in out.packet.messages for out in sent)
+    for out in sent:
+        assert codec.decode(codec.encode(out.packet), stream=out.reliable) == out.packet
 
 
 def test_sequence_numbers_wrap_inside_the_wire_range() -> None:
@@ -664,6 +673,7 @@ def test_acked_probes_raise_no_suspicion() -> None:
 
 def test_unanswered_probe_asks_others_then_suspects() -> None:
     net = solo("b", "c", "d", "e", "f")
+    vouch(net, "a", "b", "c", "d", "e", "f")
     net.tell("a", Dead("f", 0, "c"))  # not a helper any more
     net.events.clear()
     a = net.nodes["a"]
@@ -711,6 +721,7 @@ def test_unanswered_probe_asks_others_then_suspects() -> None:
 @pytest.mark.parametrize("nacks", [0, 1, 2, 3])
 def test_nacks_keep_a_failed_probe_from_raising_awareness(nacks: int) -> None:
     net = solo("b", "c", "d", "e")
+    vouch(net, "a", "b", "c", "d", "e")
     a = net.nodes["a"]
     first = net.next_ping("a")
     p = ping(first)
@@ -726,6 +737,7 @@ def test_nacks_keep_a_failed_probe_from_raising_awareness(nacks: int) -> None:
 
 def test_awareness_stretches_the_probe_interval_and_falls_after_acks() -> None:
     net = solo("b")  # no helpers: a failed probe counts one
+    vouch(net, "a", "b")  # (of a member that once answered: see the test below)
     a = net.nodes["a"]
     t0 = net.next_ping("a").at
     net.run(t0 + 1.0)
@@ -748,8 +760,31 @@ def test_awareness_stretches_the_probe_interval_and_falls_after_acks() -> None:
     assert a.state_of("b") == State.SUSPECT
 
 
+def test_failing_to_reach_a_member_that_never_answered_says_nothing_of_our_health() -> None:
+    """A made-up member (a forged Alive) never answers: its failed probes
+    must not raise our Lifeguard score, or a flood of them would stretch
+    every timeout of ours (up to 9x) and slow the detection of real failures."""
+    net = solo(*(f"ghost{i}" for i in range(5)))
+    a = net.nodes["a"]
+    net.run(net.now + 20 * LAN.probe_interval)
+    assert a.stats.probe_failures >= 5
+    assert a.awareness.score == 0
+    assert all(a.state_of(f"ghost{i}") != State.ALIVE for i in range(5))
+
+
+def relayed_net() -> Net:
+    """a, b and e, with a and e cut from each other from the start. a and e
+    learn of b first, so their first probes (of the oldest member they have
+    not heard answer) make b a helper before they need one."""
+    net = Net("a", "b", "e", introduce=False)
+    for node_id, others in (("a", "be"), ("b", "ae"), ("e", "ba")):
+        net.know(node_id, *others)
+    net.lost = lambda sender, to: {sender, to} == {"a", "e"}
+    return net
+
+
 def test_indirect_ack_through_a_relay_counts() -> None:
-    net = Net("a", "b", "e")
+    net = relayed_net()
     cut = {frozenset("ae")}
     net.lost = lambda sender, to: frozenset((sender, to)) in cut
     net.run(20.0)
@@ -968,8 +1003,9 @@ def test_piggybacked_packets_fit_in_max_packet_bytes(max_bytes: int) -> None:
     net = Net("a", "b", config=config)
     meta = (("zone", "eu-west-1a"), ("role", "scheduler"))
     many = [f"member-with-a-rather-long-identifier-{i:03d}" for i in range(200)]
-    for start in range(0, len(many), 20):
-        chunk = many[start : start + 20]
+    step = config.max_new_per_packet  # members a datagram may add
+    for start in range(0, len(many), step):
+        chunk = many[start : start + step]
         net.tell("a", *(Alive(m, start, f"{m}.cluster.local:7946", meta) for m in chunk))
     net.tell("a", *(Suspect(m, 500, "b") for m in many[:100]))
     assert net.nodes["a"].pending_broadcasts() == len(many) + 1  # and b's own join
@@ -997,3 +1033,250 @@ def test_an_update_is_piggybacked_at_most_retransmit_limit_times() -> None:
     net.run(30.0)
     carried = [m for s in net.packets("a") for m in s.messages if m == news]
     assert len(carried) == limit
+
+
+# -- answered: a member learnt second-hand is not trusted until it acks our probe ------
+
+
+def answered(swim: Swim, member: str) -> bool:
+    return {m.id: m for m in swim.view()}[member].answered
+
+
+def test_a_member_is_answered_only_once_it_acks_our_own_probe() -> None:
+    net = solo("b")
+    a = net.nodes["a"]
+    assert answered(a, "a")  # ourselves, always
+    assert not answered(a, "b")  # hearsay: an Alive anyone could have sent
+    first = net.next_ping("a")
+    p = ping(first)
+    assert p.target == "b"
+    # None of these is b answering our probe: an ack for another seq, our seq
+    # acked in another member's name, b pinging us, b's Alive at a higher
+    # incarnation.
+    net.tell("a", Ack(p.seq + 1, "b"), Ack(p.seq, "c"), sender="b")
+    net.tell("a", Ping(9, "a", "b", "b:7946"), Alive("b", 1, "b:7946"), sender="b")
+    assert not answered(a, "b")
+    assert net.seen("a", kind=EventKind.ANSWERED) == []
+
+    net.tell("a", Ack(p.seq, "b"), sender="b")
+    assert answered(a, "b")
+    [(at, _, event)] = net.seen("a", kind=EventKind.ANSWERED)
+    assert (at, event.member.id, event.member.answered) == (net.now, "b", True)
+    net.tell("a", Ack(p.seq, "b"), sender="b")  # again: no second event
+    assert len(net.seen("a", kind=EventKind.ANSWERED)) == 1
+
+
+def test_an_ack_relayed_by_a_ping_req_helper_answers_too() -> None:
+    net = relayed_net()
+    net.run(20.0)
+    a, e = net.nodes["a"], net.nodes["e"]
+    assert answered(a, "e") and answered(e, "a")  # through b, never directly
+    assert a.stats.probe_failures == e.stats.probe_failures == 0
+    assert not [s for s in net.packets("a", Ack) if s.out.address == address("e")]
+
+
+def test_a_relay_forwards_only_the_targets_own_ack() -> None:
+    net = Net("b", introduce=False)
+    net.tell("b", PingReq(77, "e", "e:7946", "a", "a:7946", True), sender="a")
+    relayed = ping(net.packets("b", Ping)[0])
+    net.tell("b", Ack(relayed.seq, "mallory"), sender="mallory")  # our seq, not e's ack
+    assert net.packets("b", Ack) == []
+    net.tell("b", Ack(relayed.seq, "e"), sender="e")
+    assert [s.first for s in net.packets("b", Ack)] == [Ack(77, "e")]
+
+
+def test_answered_is_reset_by_a_new_life_or_a_new_address() -> None:
+    net = Net("a", "b", "c")
+    a = net.nodes["a"]
+    net.run(5.0)
+    assert answered(a, "b")
+
+    # A suspicion refuted is the same life: still answered.
+    net.tell("a", Suspect("b", net.nodes["b"].incarnation, "c"))
+    net.run(net.now + 1.0)
+    assert a.state_of("b") == State.ALIVE and answered(a, "b")
+
+    # Back from the dead is a new life: hearsay again until b answers.
+    incarnation = max(m.incarnation for m in a.view() if m.id == "b")
+    net.tell("a", Dead("b", incarnation, "c"))
+    assert a.state_of("b") == State.DEAD and answered(a, "b")  # it did, in that life
+    net.tell("a", Alive("b", incarnation + 1, "b:7946"))
+    assert a.state_of("b") == State.ALIVE
+    assert not answered(a, "b")
+    net.run(net.now + 5.0)
+    assert answered(a, "b")
+    assert len(net.seen("a", "b", EventKind.ANSWERED)) == 2
+
+    # A new address is someone to trust anew: nobody answers at b2 ...
+    incarnation = max(m.incarnation for m in a.view() if m.id == "b")
+    net.tell("a", Alive("b", incarnation + 1, "b2:7946"))
+    assert not answered(a, "b")
+    net.run(net.now + 0.5)
+    assert not answered(a, "b")
+    # ... and back at b:7946, b is hearsay until it answers there.
+    net.tell("a", Alive("b", incarnation + 2, "b:7946"))
+    assert not answered(a, "b")
+    net.run(net.now + 5.0)
+    [view] = [m for m in a.view() if m.id == "b"]
+    assert (view.address, view.state, view.answered) == ("b:7946", State.ALIVE, True)
+    assert len(net.seen("a", "b", EventKind.ANSWERED)) == 3
+
+
+def test_unanswered_members_take_every_other_probe_round_oldest_first() -> None:
+    """A newcomer is probed at the next round (not somewhere in the pass), and
+    a flood of them takes at most every other round: the rounds between still
+    follow the round robin, so the members it probes keep their pace."""
+    real = ["b", "c", "d", "e"]
+    net = solo(*real)
+    vouch(net, "a", *real)  # a formed cluster
+    a = net.nodes["a"]
+    ghosts = [f"g{i}" for i in range(6)]
+    for ghost in ghosts:  # they never answer
+        net.tell("a", Alive(ghost, 0, address(ghost)), sender="mallory")
+    targets = [ping(net.next_ping("a")).target for _ in range(len(real) + len(ghosts))]
+    for index, target in enumerate(targets):
+        waiting = [g for g in ghosts if g not in targets[:index]]
+        if index % 2 == 0 and waiting:
+            assert target == waiting[0], (index, targets)
+    # One pass: each member once, the queue's probes counting as theirs.
+    assert sorted(targets) == sorted([*real, *ghosts])
+    assert not any(answered(a, g) for g in ghosts)
+
+
+def test_ping_req_helpers_are_members_that_answered() -> None:
+    """A ghost asked to relay never nacks: Lifeguard would count that silence
+    against our own health, and stretch every timeout of ours."""
+    net = solo("b", "c", "d", "e")  # phantoms, never answered
+    net.start("h")  # a real member: it acks, and relays and nacks for a
+    net.know("a", "h")
+    for _ in range(100):
+        if answered(net.nodes["a"], "h"):
+            break
+        net.step()
+    assert answered(net.nodes["a"], "h")
+    before = len(net.packets("a", PingReq))
+    for _ in range(6):
+        net.next_ping("a")
+    reqs = net.packets("a", PingReq)[before:]
+    assert reqs
+    assert {s.out.address for s in reqs} == {address("h")}
+
+
+def test_periodic_push_pull_goes_only_to_members_that_answered() -> None:
+    """A made-up member's address is anyone's: an exchange is a TCP connection
+    carrying our whole table, so it goes to members that answered us (dead
+    ones included, which is what heals a partition)."""
+    net = solo("b", "c", "d")  # never answered
+    net.start("h")
+    net.know("a", "h")
+    net.run(LAN.push_pull_interval * 6)
+    asked = [s.out.address for s in net.packets("a", PushPull) if not exchange(s).reply]
+    assert len(asked) >= 3
+    assert set(asked) == {address("h")}
+
+
+# -- caps against a flood of made-up members ------------------------------------------
+
+
+def test_a_datagram_adds_at_most_max_new_per_packet_members() -> None:
+    net = solo(config=SwimConfig(max_new_per_packet=3))
+    a = net.nodes["a"]
+    net.tell("a", *(Alive(f"g{i}", 0, f"g{i}:7946") for i in range(5)))
+    assert sorted(m.id for m in a.view()) == ["a", "g0", "g1", "g2"]
+    assert a.stats.refused_members == 2
+    # News about members already known does not count against the cap.
+    net.tell(
+        "a",
+        *(Alive(f"g{i}", 1, f"g{i}:7946") for i in range(3)),
+        *(Alive(f"n{i}", 0, f"n{i}:7946") for i in range(4)),
+    )
+    assert sorted(m.id for m in a.view()) == ["a", "g0", "g1", "g2", "n0", "n1", "n2"]
+    assert [m.incarnation for m in a.view() if m.id.startswith("g")] == [1, 1, 1]
+    assert a.stats.refused_members == 3
+    assert a.pending_broadcasts() == 6  # the refused ones are not gossiped on
+
+
+def test_the_member_table_is_capped_and_a_push_pull_may_fill_it() -> None:
+    net = solo(config=SwimConfig(max_members=10))
+    a = net.nodes["a"]
+    # A join's full state legitimately carries the whole cluster: more than
+    # a datagram's few, up to the table's cap.
+    many = records(*((f"m{i:02d}", 0, State.ALIVE) for i in range(20)))
+    net.tell("a", PushPull("z", "z:7946", many, False, True))
+    assert len(a.view()) == 10
+    assert a.stats.refused_members == 11
+    net.tell("a", Alive("late", 0, "late:7946"))
+    assert a.state_of("late") is None
+    assert a.stats.refused_members == 12
+    # Known members still change.
+    net.tell("a", Dead("m00", 0, "z"), Alive("m01", 4, "m01:7946"))
+    assert a.state_of("m00") == State.DEAD
+    assert [m.incarnation for m in a.view() if m.id == "m01"] == [4]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"max_members": 1}, {"max_members": 4097}, {"max_new_per_packet": 0}],
+)
+def test_the_caps_are_validated(setting: dict[str, int]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(setting))):
+        SwimConfig(**setting)
+
+
+# -- incarnations that cannot be outbid -----------------------------------------------
+
+
+def test_suspect_or_dead_at_the_top_of_the_range_from_the_wire_is_refused() -> None:
+    """Its subject could refute only with a higher incarnation, and there is
+    none: one forged packet would bury a live member for good."""
+    net = solo("b", "c", "d", "e")
+    a = net.nodes["a"]
+    queued = a.pending_broadcasts()
+    net.tell("a", Suspect("b", MAX_INCARNATION, "z"), Dead("c", MAX_INCARNATION, "z"))
+    top = records(
+        ("d", MAX_INCARNATION, State.SUSPECT),
+        ("e", MAX_INCARNATION, State.DEAD),
+        ("b", MAX_INCARNATION, State.LEFT),
+    )
+    net.tell("a", PushPull("z", "z:7946", top, False, True))
+    # About ourselves too: refuting would not outbid it either.
+    net.tell("a", Suspect("a", MAX_INCARNATION, "z"), Dead("a", MAX_INCARNATION, "z"))
+    assert [a.state_of(m) for m in "bcde"] == [State.ALIVE] * 4
+    assert net.events == []
+    assert a.stats.refused_updates == 7
+    assert (a.incarnation, a.stats.refutations) == (0, 0)
+    assert a.pending_broadcasts() == queued  # nothing of it is gossiped on
+
+
+def test_a_local_suspicion_applies_at_the_top_of_the_range() -> None:
+    net = solo()
+    a = net.nodes["a"]
+    net.tell("a", Alive("b", MAX_INCARNATION, "b:7946"))  # an Alive there is taken
+    net.run(30.0)  # b never answers our probes
+    assert a.state_of("b") == State.DEAD
+    assert [e.member.incarnation for _, _, e in net.seen("a", "b", EventKind.DEAD)] == [
+        MAX_INCARNATION
+    ]
+
+
+def test_a_forged_dead_at_the_top_leaves_the_member_alive_everywhere() -> None:
+    net = Net("a", "b", "c")
+    net.run(3.0)
+    net.tell("c", Dead("b", MAX_INCARNATION, "mallory"), sender="mallory")
+    # Past two push-pull periods: b hears of its death at the latest there.
+    net.run(3.0 + 2 * LAN.push_pull_interval)
+    for observer in "ac":
+        assert net.nodes[observer].state_of("b") == State.ALIVE
+    assert net.seen(member="b", kind=EventKind.DEAD) == []
+
+
+def test_a_dead_one_below_the_top_is_refuted_to_the_top_and_peers_take_it() -> None:
+    net = Net("a", "b", "c")
+    net.run(3.0)
+    net.tell("c", Dead("b", MAX_INCARNATION - 1, "mallory"), sender="mallory")
+    assert net.nodes["c"].state_of("b") == State.DEAD
+    net.run(3.0 + 2 * LAN.push_pull_interval)
+    assert net.nodes["b"].incarnation == MAX_INCARNATION
+    for observer in "ac":
+        [b] = [m for m in net.nodes[observer].view() if m.id == "b"]
+        assert (b.state, b.incarnation) == (State.ALIVE, MAX_INCARNATION)
