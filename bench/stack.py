@@ -7,9 +7,11 @@ processes, and reading back what reached a topic.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -262,6 +264,8 @@ class NodeProcess:
                 "--buckets", str(BUCKETS),
                 "--auth", "off",
                 "--log-level", "warning",
+                # Signed, as in production (and nodes refuse to gossip unsigned).
+                "--cluster-keys", base64.b64encode(secrets.token_bytes(32)).decode(),
                 *extra,
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] = embedded.spawn(argv, log=self.log)

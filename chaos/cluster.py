@@ -16,9 +16,11 @@ routes need); ``env`` holds what every node gets, CLUSTER_KEYS included."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -84,7 +86,11 @@ class LocalCluster:
         self.durable_broker = durable_broker
         self.objectstore: subprocess.Popen[bytes] | None = None
         self._kafka_env: dict[str, str] | None = None
-        self.env = env or {}
+        self.env = dict(env or {})
+        # Nodes refuse to gossip unsigned unless told (GOSSIP_UNSIGNED): a
+        # cluster whose caller chose neither signs with a key of its own.
+        if not self.env.get("CLUSTER_KEYS") and self.env.get("GOSSIP_UNSIGNED") != "on":
+            self.env["CLUSTER_KEYS"] = base64.b64encode(secrets.token_bytes(32)).decode()
         self.network = network
         # (MongoDB URI, Kafka bootstrap) of servers someone else runs: nothing
         # to start, crash or pause, and a database of this run's own.

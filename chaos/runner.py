@@ -154,11 +154,14 @@ class Run:
                 filtered = any(step.partitions for step in self.steps)
         mode = "unfenced" if unfenced else "on" if filtered else "off"
         env = {"CHAOS_MODE": mode}
-        # A fresh key per run signs the gossip (and the wake-up hints).
+        # A fresh key per run signs the gossip (and the wake-up hints); a
+        # scenario without keys runs unsigned, which nodes take only when told.
         self.cluster_keys: tuple[bytes, ...] = ()
         if scenario.cluster_keys:
             self.cluster_keys = (secrets.token_bytes(32),)
             env["CLUSTER_KEYS"] = ",".join(base64.b64encode(k).decode() for k in self.cluster_keys)
+        else:
+            env["GOSSIP_UNSIGNED"] = "on"
         self.cluster = LocalCluster(
             data_dir,
             env=env,

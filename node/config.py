@@ -78,6 +78,11 @@ def _parse_node_id(text: str) -> str:
     return text
 
 
+def _parse_optional_node_id(text: str) -> str:
+    """A node id, or empty for the host name (decided in ``load``)."""
+    return text and _parse_node_id(text)
+
+
 def _parse_mongo_uri(text: str) -> str:
     if not text.startswith(("mongodb://", "mongodb+srv://")):
         raise ValueError("must start with mongodb:// or mongodb+srv://")
@@ -151,7 +156,7 @@ SETTINGS: tuple[Setting, ...] = (
         env="NODE_ID",
         flag="--node-id",
         default="",
-        parse=_parse_node_id,
+        parse=_parse_optional_node_id,
         help="unique name of this node in the cluster (default: the host name)",
     ),
     Setting(
@@ -202,8 +207,23 @@ SETTINGS: tuple[Setting, ...] = (
         default="",
         parse=_parse_keys,
         help="comma-separated base64 keys (16, 24 or 32 bytes) that sign gossip and wake hints "
-        "with HMAC-SHA256; the first signs, any verifies (rotation). Off when empty (then the "
-        "wake route is open: set it in production)",
+        "with HMAC-SHA256; the first signs, any verifies (rotation). Required unless "
+        "GOSSIP_UNSIGNED=on",
+    ),
+    Setting(
+        attr="gossip_unsigned",
+        env="GOSSIP_UNSIGNED",
+        flag="--gossip-unsigned",
+        default="off",
+        parse=_parse_switch,
+        # Unsigned, anyone who can send a UDP datagram to the gossip port can
+        # make up members (the placement would hand them buckets nobody
+        # delivers), declare live ones dead and open the wake route: a node
+        # refuses to start without keys unless told, in so many words, that
+        # its network is trusted (a laptop, a test).
+        help="on: run without CLUSTER_KEYS, gossip and wake hints unsigned (a trusted network "
+        "only: anyone reaching the gossip port could then join, or bury, members); off: "
+        "refuse to start without CLUSTER_KEYS",
     ),
     Setting(
         attr="auth",
@@ -491,6 +511,7 @@ class NodeConfig:
     seeds: tuple[str, ...] = ()
     membership_preset: str = "lan"
     cluster_keys: tuple[bytes, ...] = field(default=(), repr=False)  # secret: never logged
+    gossip_unsigned: bool = False
     auth: bool = True
     mongo_uri: str
     mongo_database: str
@@ -565,7 +586,19 @@ def load(
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     if not values["node_id"]:
-        values["node_id"] = _parse_node_id(socket.gethostname().split(".")[0] or "node")
+        host = socket.gethostname().split(".")[0]
+        if not _NODE_ID.fullmatch(host):
+            raise ConfigError(
+                f"NODE_ID: not set, and the host name {host!r} is not 1-64 of [A-Za-z0-9._-]: "
+                "set NODE_ID"
+            )
+        values["node_id"] = host
+    if not values["cluster_keys"] and not values["gossip_unsigned"]:
+        raise ConfigError(
+            "CLUSTER_KEYS: not set, so gossip would be unsigned and anyone reaching the gossip "
+            "port could add members or declare nodes dead. Set CLUSTER_KEYS on every node "
+            "(head -c 32 /dev/urandom | base64), or GOSSIP_UNSIGNED=on on a trusted network"
+        )
     if not values["advertise_host"]:
         bind_host = values["http_bind"][0]
         values["advertise_host"] = (

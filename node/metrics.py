@@ -64,6 +64,13 @@ class GossipView(Protocol):
     handler_errors: int
 
 
+# Drop reasons always exported (at 0 until one happens), so an alert can
+# rate() them from the start; any other reason the transport counts is too.
+DROP_REASONS = (
+    "too_large", "truncated", "version", "mac", "address", "malformed",
+    "channel", "busy", "stream_error", "partitioned",
+)  # fmt: skip
+
 # The *_created series double every counter's output and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -184,6 +191,12 @@ class NodeMetrics:
             "scheduler_producer_idempotent",
             "1 when the Kafka producer is idempotent (a producer retry cannot publish a "
             "record twice), 0 when the broker refused it or KAFKA_IDEMPOTENCE is off",
+            registry=r,
+        )
+        self.gossip_signed = Gauge(
+            "scheduler_gossip_signed",
+            "1 when gossip and wake hints are signed with CLUSTER_KEYS; 0 when the node runs "
+            "unsigned (GOSSIP_UNSIGNED=on: anyone reaching the gossip port can forge members)",
             registry=r,
         )
         self.history_dropped = Counter(
@@ -335,6 +348,18 @@ class MembershipCollector(Collector):
                 ("suspicions", stats.suspicions, "Members this node began to suspect"),
                 ("deaths", stats.deaths, "Members declared dead"),
                 ("refutations", stats.refutations, "Times this node refuted a suspicion of itself"),
+                (
+                    "refused_members",
+                    stats.refused_members,
+                    "Members heard of and not taken: the table full, or too many new in one "
+                    "datagram (a flood of made-up members)",
+                ),
+                (
+                    "refused_updates",
+                    stats.refused_updates,
+                    "Suspect or Dead updates refused at the top of the incarnation range "
+                    "(their subject could never refute them)",
+                ),
             ):
                 family = CounterMetricFamily(f"scheduler_gossip_{name}", help_text)
                 family.add_metric([], value)
@@ -355,17 +380,22 @@ class MembershipCollector(Collector):
         dropped = CounterMetricFamily(
             "scheduler_gossip_dropped_packets",
             "Gossip packets dropped by reason (too_large, truncated, version, mac, address, "
-            "malformed, stream_error; partitioned: chaos mode's filter)",
+            "malformed, channel: a push-pull off the stream or a stream frame of another "
+            "kind, busy: a stream connection past the cap, stream_error; partitioned: chaos "
+            "mode's filter)",
             labels=["reason"],
         )
-        reasons = ("too_large", "truncated", "version", "mac", "address", "malformed")
-        for reason in (*reasons, "stream_error", "partitioned"):
+        for reason in sorted({*DROP_REASONS, *transport.dropped}):
             dropped.add_metric([reason], transport.dropped[reason])
         yield dropped
         for name, help_text in (
             ("send_errors", "Gossip sends that failed or were refused (a bad destination)"),
             ("receiver_errors", "Gossip packets whose handling raised (logged; the loop goes on)"),
             ("udp_reopens", "Times the gossip UDP socket closed and was bound again"),
+            (
+                "streams_out_busy",
+                "Push-pull sends not made: as many stream connections out as allowed at once",
+            ),
         ):
             family = CounterMetricFamily(f"scheduler_gossip_{name}", help_text)
             family.add_metric([], transport.counters[name])

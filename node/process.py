@@ -278,7 +278,24 @@ class Node:
         self.membership.subscribe(self._on_membership_event)
         self.metrics.watch_membership(self.membership)
         await self.membership.start()
-        log.info("gossip started", address=self.membership.address, seeds=list(config.seeds))
+        signed = bool(config.cluster_keys)
+        self.metrics.gossip_signed.set(1 if signed else 0)
+        if signed:
+            log.info(
+                "gossip started",
+                address=self.membership.address,
+                seeds=list(config.seeds),
+                signed=True,
+            )
+        else:
+            log.warning(
+                "gossip started UNSIGNED (GOSSIP_UNSIGNED=on): anyone who reaches the gossip "
+                "port can add members or declare nodes dead; set CLUSTER_KEYS outside a "
+                "trusted network",
+                address=self.membership.address,
+                seeds=list(config.seeds),
+                signed=False,
+            )
 
     def _meta(self) -> dict[str, str]:
         # Other nodes reach our API here (wake-up hints, the cluster page),
@@ -344,10 +361,16 @@ class Node:
 
     def _alive_members(self) -> dict[str, int]:
         """The alive members that can work (store_health.workers) -> the
-        placement version each advertises."""
+        placement version each advertises. Only members that answered this
+        node's own probe: one that is merely gossiped about (a forged Alive,
+        a ghost) never gets buckets nobody would deliver."""
         if self.membership is None:
             return {self.config.node_id: PLACEMENT_VERSION}
-        alive = {m.id: dict(m.meta) for m in self.membership.members() if m.state == State.ALIVE}
+        alive = {
+            m.id: dict(m.meta)
+            for m in self.membership.members()
+            if m.state == State.ALIVE and m.answered
+        }
         return {member: parse_version(alive[member].get("placement")) for member in workers(alive)}
 
     def _http_address_of(self, member_id: str) -> str | None:

@@ -26,6 +26,9 @@ from node.process import Node
 
 HOST = "127.0.0.1"
 _names = itertools.count()
+# Nodes refuse to gossip unsigned unless told: the tests' nodes sign with
+# this key (base64 of 32 bytes), all of them, so that they form clusters.
+TEST_CLUSTER_KEY = "dGVzdC1jbHVzdGVyLWtleS1mb3ItdGVzdHMtb25seSE="
 
 
 @dataclass
@@ -113,6 +116,7 @@ def make_config(
         "log_format": "console",
         "log_level": "warning",
         "auth": "off",
+        "cluster_keys": TEST_CLUSTER_KEY,
     }
     flags.update(overrides)
     return node_config.load(flags, environ={})

@@ -13,7 +13,7 @@ import pytest
 
 from node.api.openapi import ERROR_CODES
 from ring import PLACEMENT_VERSION
-from tests.conftest import NodeFactory, NodeHandle, wait_until
+from tests.conftest import TEST_CLUSTER_KEY, NodeFactory, NodeHandle, wait_until
 
 FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
 
@@ -487,8 +487,20 @@ async def test_every_error_is_json(api: NodeHandle, mongo: Any) -> None:
     ) as response:
         assert response.status == 201
     # Times that leave datetime's range once made UTC: were OverflowErrors.
-    wake = {"bucket": 1, "dueAt": "9999-12-31T23:59:59-01:00"}
-    assert (await refused("POST", "/v1/internal/wake", 400, json=wake))["field"] == "dueAt"
+    # (A hint is signed with the cluster's key, or refused before it is read.)
+    from node.delivery.hints import SIGNATURE_HEADER, sign
+
+    wake = json.dumps(
+        {
+            "bucket": 1,
+            "dueAt": "9999-12-31T23:59:59-01:00",
+            "sentAt": datetime.now(UTC).isoformat(),
+        }
+    ).encode()
+    signed = {SIGNATURE_HEADER: sign(base64.b64decode(TEST_CLUSTER_KEY), wake)}
+    assert (await refused("POST", "/v1/internal/wake", 400, data=wake, headers=signed))[
+        "field"
+    ] == "dueAt"
     await refused(
         "POST", "/v1/schedules", 400, json=schedule(executeAt="0001-01-01T00:00:00+01:00")
     )
@@ -578,8 +590,8 @@ async def test_the_wake_route_refuses_big_bodies_and_unsigned_hints_when_keyed(
     assert_error_shape(*await wake(big), 413)
     assert_error_shape(*await wake(big, sign(CLUSTER_KEY, big)), 413)
 
-    # Without cluster keys (the dev stack) the route is open, and still small.
-    open_node = await start_node(node_id="node-open")
+    # Without cluster keys (GOSSIP_UNSIGNED) the route is open, and still small.
+    open_node = await start_node(node_id="node-open", cluster_keys="", gossip_unsigned="on")
     status, _ = await open_node.request("POST", "/v1/internal/wake", data=fresh)
     assert status == 202
     status, body = await open_node.request(

@@ -9,9 +9,13 @@ import pytest
 
 from node import config as node_config
 
+# What every load below runs with besides its own settings: a node id, and
+# the explicit consent to unsigned gossip (else a node refuses to start).
+BASE = {"NODE_ID": "n1", "GOSSIP_UNSIGNED": "on"}
+
 
 def test_defaults() -> None:
-    config = node_config.load({}, environ={"NODE_ID": "n1"})
+    config = node_config.load({}, environ=BASE)
     assert config.node_id == "n1"
     assert config.buckets == 256
     assert config.http_bind == ("0.0.0.0", 8080)
@@ -21,14 +25,14 @@ def test_defaults() -> None:
 
 def test_flag_overrides_environment() -> None:
     config = node_config.load(
-        {"buckets": "64"}, environ={"NODE_ID": "n1", "BUCKETS": "32", "SEEDS": "a:1,b:2"}
+        {"buckets": "64"}, environ={**BASE, "BUCKETS": "32", "SEEDS": "a:1,b:2"}
     )
     assert config.buckets == 64
     assert config.seeds == ("a:1", "b:2")
 
 
 def test_advertise_host_defaults_to_a_specific_bind_host() -> None:
-    config = node_config.load({"http_bind": "10.1.2.3:80"}, environ={"NODE_ID": "n1"})
+    config = node_config.load({"http_bind": "10.1.2.3:80"}, environ=BASE)
     assert config.advertise_host == "10.1.2.3"
     assert config.http_address == "10.1.2.3:80"
 
@@ -51,12 +55,12 @@ def test_advertise_host_defaults_to_a_specific_bind_host() -> None:
 )
 def test_invalid_setting_is_named(environ: dict[str, str], named: str) -> None:
     with pytest.raises(node_config.ConfigError, match=f"^{named}:"):
-        node_config.load({}, environ={"NODE_ID": "n1", **environ})
+        node_config.load({}, environ={**BASE, **environ})
 
 
 def test_invalid_flag_names_the_flag() -> None:
     with pytest.raises(node_config.ConfigError, match=r"^--buckets:"):
-        node_config.load({"buckets": "many"}, environ={"NODE_ID": "n1"})
+        node_config.load({"buckets": "many"}, environ=BASE)
 
 
 def test_run_with_invalid_config_exits_2_with_one_line_before_starting() -> None:
@@ -88,7 +92,7 @@ def test_cluster_keys_are_parsed_and_never_printed() -> None:
 
     old, new = b"o" * 16, b"n" * 32
     keys = ",".join(base64.b64encode(k).decode() for k in (new, old))
-    config = node_config.load({}, environ={"NODE_ID": "n1", "CLUSTER_KEYS": keys})
+    config = node_config.load({}, environ={**BASE, "CLUSTER_KEYS": keys})
     assert config.cluster_keys == (new, old)
     assert base64.b64encode(new).decode() not in repr(config)
     assert "nnnn" not in repr(config)
@@ -97,4 +101,33 @@ def test_cluster_keys_are_parsed_and_never_printed() -> None:
 @pytest.mark.parametrize("keys", ["not base64!", "c2hvcnQ="])  # the second is 5 bytes
 def test_bad_cluster_keys_are_refused(keys: str) -> None:
     with pytest.raises(node_config.ConfigError, match=r"^CLUSTER_KEYS:"):
-        node_config.load({}, environ={"NODE_ID": "n1", "CLUSTER_KEYS": keys})
+        node_config.load({}, environ={**BASE, "CLUSTER_KEYS": keys})
+
+
+def test_node_id_defaults_to_the_host_name() -> None:
+    import socket
+
+    config = node_config.load({}, environ={"GOSSIP_UNSIGNED": "on"})
+    assert config.node_id == socket.gethostname().split(".")[0]
+
+
+def test_run_without_cluster_keys_refuses_to_start_and_says_how_to_fix_it() -> None:
+    """As documented (no --node-id, nothing but the defaults): the node
+    refuses unsigned gossip unless told, before it binds anything."""
+    result = subprocess.run(
+        [sys.executable, "-m", "node", "run"],
+        env={"PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("config error: CLUSTER_KEYS: not set")
+    assert "GOSSIP_UNSIGNED=on" in line and "head -c 32 /dev/urandom" in line
+
+
+def test_unsigned_gossip_is_taken_only_when_asked_for() -> None:
+    with pytest.raises(node_config.ConfigError, match=r"^CLUSTER_KEYS:"):
+        node_config.load({}, environ={"NODE_ID": "n1"})
+    assert node_config.load({}, environ=BASE).gossip_unsigned is True

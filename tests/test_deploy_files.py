@@ -145,7 +145,9 @@ def test_probes_ports_and_image_match_the_node() -> None:
     ports = {(p["containerPort"], p["protocol"]) for p in container["ports"]}
     assert ports == {(http_port, "TCP"), (gossip_port, "UDP"), (gossip_port, "TCP")}
 
-    config = node_config.load({"node_id": "probe", "mongo_uri": "mongodb://127.0.0.1:1/"}, {})
+    config = node_config.load(
+        {"node_id": "probe", "mongo_uri": "mongodb://127.0.0.1:1/", "gossip_unsigned": "on"}, {}
+    )
     routes = {r.resource.canonical for r in build_app(Node(config)).router.routes() if r.resource}
     probes = [container[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe")]
     probes.append(container["readinessProbe"]["httpGet"]["path"])
@@ -171,6 +173,28 @@ def test_probes_ports_and_image_match_the_node() -> None:
 
 
 # -- Grafana ------------------------------------------------------------------------
+
+
+def test_the_gossip_port_admits_only_the_schedulers_own_pods() -> None:
+    """The NetworkPolicy selects the scheduler's pods and lets gossip (both
+    protocols) in from those pods alone, and HTTP in from anywhere; nothing
+    else reaches them. Its ports are the node's defaults."""
+    defaults = {s.env: s.default for s in node_config.SETTINGS}
+    http_port = int(defaults["HTTP_BIND"].rsplit(":", 1)[1])
+    gossip_port = int(defaults["GOSSIP_BIND"].rsplit(":", 1)[1])
+    policy = by_kind("NetworkPolicy")["spec"]
+    pods = by_kind("StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["podSelector"]["matchLabels"].items() <= pods.items()
+    by_ports = {
+        frozenset((p["port"], p["protocol"]) for p in rule["ports"]): rule.get("from")
+        for rule in policy["ingress"]
+    }
+    gossip = frozenset({(gossip_port, "UDP"), (gossip_port, "TCP")})
+    assert set(by_ports) == {gossip, frozenset({(http_port, "TCP")})}
+    [peers] = by_ports[gossip]
+    assert peers["podSelector"]["matchLabels"].items() <= pods.items()
+    assert by_ports[frozenset({(http_port, "TCP")})] is None  # HTTP: from anywhere
 
 
 async def test_every_metric_the_dashboard_queries_is_one_a_node_exposes(

@@ -246,6 +246,9 @@ def test_dev_signs_gossip_with_a_fresh_key_unless_one_is_given() -> None:
     # Set but empty: the user turned signing off on purpose.
     off = DevStack(options, environ={"CLUSTER_KEYS": ""})
     assert off.node_environment()["CLUSTER_KEYS"] == ""
+    # ... which a node takes only when told so.
+    assert off.node_environment()["GOSSIP_UNSIGNED"] == "on"
+    assert "GOSSIP_UNSIGNED" not in given.node_environment()
     assert "unsigned" in off.describe()
 
 

@@ -24,6 +24,7 @@ from node.ops import embedded
 from node.process import Node
 from tests.conftest import (
     HOST,
+    TEST_CLUSTER_KEY,
     EmbeddedServers,
     NodeFactory,
     NodeHandle,
@@ -73,6 +74,7 @@ def test_python_m_node_run_exits_2_and_says_why(
     env = {
         **os.environ,
         "NODE_ID": "strict",
+        "CLUSTER_KEYS": TEST_CLUSTER_KEY,
         "HTTP_BIND": f"{HOST}:{embedded.free_port(HOST)}",
         "GOSSIP_BIND": f"{HOST}:{embedded.free_port(HOST)}",
         "MONGO_URI": servers.mongo_uri,

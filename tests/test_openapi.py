@@ -27,7 +27,9 @@ NODE_SOURCE = Path(__file__).parent.parent / "node"
 
 
 def routes(chaos_mode: str) -> set[tuple[str, str]]:
-    config = node_config.load({"node_id": "doc", "chaos_mode": chaos_mode}, {})
+    config = node_config.load(
+        {"node_id": "doc", "chaos_mode": chaos_mode, "gossip_unsigned": "on"}, {}
+    )
     return {
         (route.method.lower(), route.resource.canonical)
         for route in build_app(Node(config)).router.routes()

@@ -215,3 +215,56 @@ async def test_idle_five_node_cluster_agrees_and_asks_the_store_little(
     # renews. Not one query per bucket per node (5 x 32), nor per round.
     assert per_second < 1.5 * BUCKETS
     assert await settled_on(nodes, mongo)
+
+
+async def test_forged_members_never_take_buckets_even_unsigned(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    """Issue 26, finding 1: with unsigned gossip (GOSSIP_UNSIGNED=on, the
+    only way a node runs without keys), forged Alive datagrams for made-up
+    members. The node learns of them, but they never answer its probes, so
+    they never enter its placement: it keeps every bucket (before, 30 ghosts
+    took most of them, and nobody delivered what fell due there)."""
+    import socket
+
+    from membership.codec import Codec
+    from membership.messages import Alive, Packet
+
+    [node] = await cluster(start_node, ["real"], cluster_keys="", gossip_unsigned="on")
+
+    async def held() -> bool:
+        return len(node.node.leases.usable()) == BUCKETS
+
+    await wait_until(held, what="every lease held")
+    assert node.node.membership is not None
+    port = node.node.membership.transport.port
+    codec = Codec(())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ghosts = [f"ghost-{i}" for i in range(30)]
+    try:
+        for _ in range(3):
+            for i, ghost in enumerate(ghosts):
+                # Addresses nobody answers at: a black hole in TEST-NET-1.
+                alive = Alive(ghost, 10**9 + i, f"192.0.2.{i + 1}:7946", (("http", "x:1"),))
+                sock.sendto(codec.encode(Packet(ghost, (alive,))), ("127.0.0.1", port))
+    finally:
+        sock.close()
+
+    def ghosts_seen() -> set[str]:
+        assert node.node.membership is not None
+        return {m.id for m in node.node.membership.members() if m.id.startswith("ghost-")}
+
+    async def heard_of_them() -> bool:
+        return ghosts_seen() == set(ghosts)
+
+    await wait_until(heard_of_them, what="the node to hear of the forged members")
+    assert node.node.ownership.wanted == frozenset(range(BUCKETS))
+    assert len(node.node.leases.usable()) == BUCKETS
+
+    async def all_dead() -> bool:
+        assert node.node.membership is not None
+        states = {m.id: m.state.label for m in node.node.membership.members()}
+        return all(states.get(g) == "dead" for g in ghosts)
+
+    await wait_until(all_dead, within=90, what="every ghost declared dead")
+    assert node.node.ownership.wanted == frozenset(range(BUCKETS))

@@ -125,6 +125,21 @@ def test_bad_input_names_the_field(raw: bytes, field: str | None, status: int) -
     assert caught.value.message
 
 
+def test_a_time_without_offset_is_refused_with_the_callers_own_time_fixed() -> None:
+    """The suggestion is the caller's time with an offset, which the horizon
+    then takes; never a made-up date that would fail it in turn."""
+    with pytest.raises(ValidationFailed) as caught:
+        parse(body(executeAt="2030-01-01T12:00:05"))
+    assert caught.value.field == "executeAt"
+    assert "2030-01-01T12:00:05Z" in caught.value.message
+    fixed = parse(body(executeAt="2030-01-01T12:00:05Z"))  # as suggested: accepted
+    assert fixed.execute_at == datetime(2030, 1, 1, 12, 0, 5, tzinfo=UTC)
+    with pytest.raises(ValidationFailed) as other:
+        parse(body(executeAt="tomorrow"))
+    assert "YYYY-MM-DDTHH:MM:SSZ" in other.value.message
+    assert not any(str(year) in other.value.message for year in range(2000, 2100))
+
+
 def test_past_times_are_accepted_and_due_at_once() -> None:
     new = parse(body(executeAt="2000-01-01T00:00:00Z"))
     doc = schedule_document(new, 256, NOW)

@@ -89,8 +89,13 @@ class DevStack:
         self._cluster_keys, self.signing = cluster_keys(self.environ)
 
     def node_environment(self) -> dict[str, str]:
-        """What each node runs with: ours, plus the cluster key(s)."""
-        return {**self.environ, "CLUSTER_KEYS": self._cluster_keys}
+        """What each node runs with: ours, plus the cluster key(s). A user who
+        set CLUSTER_KEYS empty asked for unsigned gossip, which a node runs
+        only when told so (GOSSIP_UNSIGNED)."""
+        env = {**self.environ, "CLUSTER_KEYS": self._cluster_keys}
+        if not self._cluster_keys.strip():
+            env["GOSSIP_UNSIGNED"] = "on"
+        return env
 
     def taken_ports(self) -> list[str]:
         o = self.options

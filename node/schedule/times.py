@@ -21,10 +21,24 @@ _DURATION = re.compile(
 _CALENDAR_UNITS = re.compile(r"^P\d+[YM]")
 
 
+# A date-time as RFC 3339 writes it but for the offset: the usual mistake.
+_NAIVE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?$")
+
+
 def parse_time(text: object, field: str) -> datetime:
     if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        if isinstance(text, str) and _NAIVE.fullmatch(text):
+            # The caller's own time with an offset, not a made-up example
+            # (one far off would then fail the horizon).
+            fixed = text.replace(" ", "T")
+            raise ValidationFailed(
+                f"{field} has no offset: write {fixed}Z for UTC, or {fixed}+01:00 and the like",
+                field,
+            )
         raise ValidationFailed(
-            f"{field} must be an RFC 3339 time with an offset, like 2030-01-02T03:04:05Z", field
+            f"{field} must be an RFC 3339 time with an offset: YYYY-MM-DDTHH:MM:SSZ for UTC, "
+            "or ending +HH:MM or -HH:MM",
+            field,
         )
     try:
         parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
