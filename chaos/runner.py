@@ -59,7 +59,15 @@ import aiohttp
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from chaos.checker import SAME_TIME, Changes, Window, check, occurrence, passed
+from chaos.checker import (
+    LATE_OUTSIDE_WINDOWS,
+    SAME_TIME,
+    Changes,
+    Window,
+    check,
+    occurrence,
+    passed,
+)
 from chaos.cluster import LocalCluster
 from chaos.garbage import Garbage, dropped, flood
 from chaos.harness import Recorder, broker_stores, epoch, iso, until
@@ -100,6 +108,11 @@ BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
 # before the first sample that showed it.
 STALL_LEAD = 12.0
 SERVER_FAULTS = ("crash-store", "pause-broker", "crash-broker")
+# Faults that stop the work of every node while they last: late deliveries
+# are intended for as long. Any other fault is one node's, or a split the
+# leases ride out: the others take its work within the recovery allowance,
+# and a unit due after that must not be late (``late_outside_windows``).
+CLUSTER_FAULTS = (*SERVER_FAULTS, "split")
 # A flood of garbage gossip is judged from its start to this long after its
 # end: a node the garbage had stalled is declared dead seconds later.
 GARBAGE_JUDGED = 5.0
@@ -1124,6 +1137,7 @@ class Run:
             kept = await self._replay(len(recorder.records))
             self.events.sort(key=lambda e: float(e["at"]))
             windows: list[Window] = []
+            intended: list[Window] = []
             for event in self.events:
                 if "skipped" in event or event["do"] in ("start", "resume", "heal", "reconnect"):
                     continue  # not a fault: no recovery allowance
@@ -1133,6 +1147,15 @@ class Run:
                 start = self._started + event["at"] - 1.0
                 end = start + 1.0 + event["lasting"] + RECOVERY_ALLOWANCE
                 windows.append(Window(event["step"], start, end))
+                # What the fault is meant to cost: while it lasts when nobody
+                # can do the work (the servers down for all), else the time
+                # the others take to take the work over.
+                lasting = event["lasting"] if event["do"] in CLUSTER_FAULTS else 0.0
+                intended.append(
+                    Window(event["step"], start, start + 1.0 + lasting + RECOVERY_ALLOWANCE)
+                )
+            # The broker stalling on its own, as most nodes saw it.
+            intended += broker_stalls(self.samples, self._started, most=True)
             result = check(
                 self.accepted,
                 self.cancelled,
@@ -1149,6 +1172,7 @@ class Run:
                     ),
                     *broker_stalls(self.samples, self._started),
                 ],
+                intended=intended,
                 changes=Changes(
                     bulk_cancelled=self.bulk_cancelled,
                     paused={s: [span] for s, span in self.pauses.items()},
@@ -1249,6 +1273,14 @@ def render(result: dict[str, Any]) -> str:
         f"cluster keys {'on' if result.get('cluster_keys') else 'off'}",
         f"lateness overall: {ms(result['lateness_s'])}",
         f"lateness outside fault windows: {ms(result['lateness_outside_windows_s'])}",
+        f"late by more than {LATE_OUTSIDE_WINDOWS:g} s outside each fault's intended window "
+        f"(its hand-over, or all of it when nobody could work): "
+        f"{result.get('late_outside_windows', 0)}"
+        + (
+            f" ({', '.join(result['late_outside_windows_ids'][:5])} ...)"
+            if result.get("late_outside_windows")
+            else ""
+        ),
         "schedules in the store at the end: "
         + (", ".join(f"{k} {v}" for k, v in result.get("statuses", {}).items()) or "none"),
     ]
@@ -1323,15 +1355,21 @@ def _kinds(by_kind: dict[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in by_kind.items())
 
 
-def broker_stalls(samples: Sequence[dict[str, Any]], started: float) -> list[Window]:
-    """The spells in which some node's /readyz said the broker was not
-    answering, injected or not, as windows (epoch seconds) that open
-    STALL_LEAD before the first sample that showed one and close a second
-    after the last. Samples come once a second; a gap of more than two
-    closes a spell."""
+def broker_stalls(
+    samples: Sequence[dict[str, Any]], started: float, *, most: bool = False
+) -> list[Window]:
+    """The spells in which some node's /readyz (``most``: more than half of
+    the nodes sampled) said the broker was not answering, injected or not,
+    as windows (epoch seconds) that open STALL_LEAD before the first sample
+    that showed one and close a second after the last. Samples come once a
+    second; a gap of more than two closes a spell. With ``most`` a broker
+    cut of one node is not a spell: that node's trouble, not the broker's."""
     spells: list[list[float]] = []
     for sample in samples:
-        if not any("broker" in failing for failing in sample.get("unready", {}).values()):
+        unready = sample.get("unready", {})
+        saying = sum(1 for failing in unready.values() if "broker" in failing)
+        heard = len(set(sample.get("held", {})) | set(unready))
+        if not saying or (most and saying * 2 <= heard):
             continue
         at = float(sample["t"])
         if spells and at - spells[-1][1] <= 2.0:

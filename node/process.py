@@ -39,8 +39,8 @@ from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
 from node.delivery.publisher import KafkaPublisher
+from node.delivery.reachability import Reachability, advertised, workers
 from node.delivery.stalls import StallMeter
-from node.delivery.store_health import StoreHealth, advertised, workers
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
@@ -59,8 +59,11 @@ from ring import PLACEMENT_VERSION, parse_version
 log = structlog.get_logger("node.process")
 
 STARTUP_RETRY_MAX = 5.0  # seconds between attempts to reach the store or broker
-READINESS_TIMEOUT = 1.0
 STOP_GRACE = 10.0
+# At a stop, how long calls in progress may take to finish before their
+# connections are closed (aiohttp's default, 60 s, is past the 30 to 40 s an
+# orchestrator gives a stopping pod before SIGKILL).
+HTTP_SHUTDOWN_GRACE = 10.0
 LEAVE_GRACE = 2.0  # at most this long to get our Left out before shutting down
 
 
@@ -150,11 +153,14 @@ class Node:
         # Reading it is also the probe of whether this node reaches the store:
         # without it for a lease's term, the node's leases have lapsed and it
         # steps out of the placement (DESIGN.md: who can work holds the buckets).
-        self.store_health = StoreHealth(
+        self.store_health = Reachability(
             cut_after=config.lease_ttl,
             back_after=config.lease_ttl,
             dead_after=config.unhealthy_after or float("inf"),
         )
+        # The broker likewise, with the same hysteresis: a node cut from it
+        # would hold its buckets and publish nothing.
+        self.broker_health = Reachability(cut_after=config.lease_ttl, back_after=config.lease_ttl)
         self._probe_every = min(READ_EVERY, config.lease_ttl / 3)
         self.publisher = KafkaPublisher(
             config.kafka_bootstrap,
@@ -236,11 +242,16 @@ class Node:
             return False
         if not await self._retry_until_ready("store's clock", self.clock.read, stopping):
             return False
-        self._clock_task = asyncio.create_task(self._watch_store(), name="store-watch")
+        self._clock_task = asyncio.create_task(self._watch_servers(), name="server-watch")
         if not await self._retry_until_ready("broker", self.publisher.start, stopping):
             return False
         self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            build_app(self),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=HTTP_SHUTDOWN_GRACE,
+        )
         await self._runner.setup()
         host, port = self.config.http_bind
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
@@ -304,38 +315,56 @@ class Node:
         return {
             "http": f"{self.config.advertise_host}:{self.http_port}",
             "placement": str(PLACEMENT_VERSION),
-            **advertised(self.store_health.placeable),
+            **advertised(store=self.store_health.placeable, broker=self.broker_health.placeable),
         }
 
-    async def _watch_store(self) -> None:
-        """Read the store's clock every few seconds; whether that succeeds
-        tells ``store_health`` whether this node reaches the store, and a
-        change of heart is gossiped (the others place without us, or again
-        with us) and applied to our own view at once."""
+    async def _watch_servers(self) -> None:
+        """Read the store's clock and ask the broker for its brokers, every
+        few seconds; whether each answers tells its ``Reachability`` whether
+        this node reaches it. A change of heart is gossiped (the others place
+        without us, or again with us) and applied to our own view at once.
+        What the probes last found is also what /readyz says, so a readiness
+        probe costs the servers nothing."""
         while True:
-            try:
-                await asyncio.wait_for(self.clock.read(), timeout=self._probe_every)
-                changed = self.store_health.succeeded()
-            except (SchedulerError, TimeoutError):
-                changed = self.store_health.failed()
-            self.metrics.store_reachable.set(
-                0 if self.store_health.unreachable_for > self._probe_every else 1
+            store_changed, broker_changed = await asyncio.gather(
+                self._probe_store(), self._probe_broker()
             )
-            if changed:
-                placeable = self.store_health.placeable
-                self.metrics.placeable.set(1 if placeable else 0)
-                if placeable:
-                    log.warning("the store answers again: back in the placement")
-                else:
-                    log.error(
-                        "the store has not answered for a lease's term: out of the placement, "
-                        "the others take our buckets",
-                        seconds=round(self.store_health.unreachable_for, 1),
-                    )
-                if self.membership is not None:
-                    self.membership.update_meta(self._meta())
-                self.ownership.view_changed()
+            self.metrics.store_reachable.set(1 if self.store_health.answering else 0)
+            if store_changed or broker_changed:
+                self._placeability_changed()
             await asyncio.sleep(self._probe_every)
+
+    async def _probe_store(self) -> bool:
+        try:
+            await asyncio.wait_for(self.clock.read(), timeout=self._probe_every)
+        except (SchedulerError, TimeoutError):
+            return self.store_health.failed()
+        return self.store_health.succeeded()
+
+    async def _probe_broker(self) -> bool:
+        if not self.publisher.started:
+            return False  # still starting: start() waits for the broker itself
+        if await self.publisher.reachable():
+            return self.broker_health.succeeded()
+        return self.broker_health.failed()
+
+    def _placeability_changed(self) -> None:
+        store, broker = self.store_health.placeable, self.broker_health.placeable
+        self.metrics.placeable.set(1 if store and broker else 0)
+        if store and broker:
+            log.warning("the store and the broker answer again: back in the placement")
+        else:
+            log.error(
+                "out of the placement: a server has not answered for a lease's term, "
+                "the others take our buckets",
+                store_reachable=store,
+                broker_reachable=broker,
+                store_silent_s=round(self.store_health.unreachable_for, 1),
+                broker_silent_s=round(self.broker_health.unreachable_for, 1),
+            )
+        if self.membership is not None:
+            self.membership.update_meta(self._meta())
+        self.ownership.view_changed()
 
     def healthy(self) -> bool:
         """Liveness: false once the store has been out of reach for
@@ -360,7 +389,7 @@ class Node:
         return self.membership.members() if self.membership is not None else []
 
     def _alive_members(self) -> dict[str, int]:
-        """The alive members that can work (store_health.workers) -> the
+        """The alive members that can work (reachability.workers) -> the
         placement version each advertises. Only members that answered this
         node's own probe: one that is merely gossiped about (a forged Alive,
         a ghost) never gets buckets nobody would deliver."""
@@ -439,10 +468,19 @@ class Node:
         # Graceful leave (DESIGN.md): stop taking calls, finish the batch in
         # flight, release every lease, then tell the cluster we left, so the
         # next owners find the buckets free and need not wait for expiry.
-        if self._runner is not None:
-            await self._runner.cleanup()
+        # The hand-over runs beside the HTTP shutdown, not after it: the
+        # shutdown waits up to HTTP_SHUTDOWN_GRACE for calls in progress, and
+        # one slow client must not keep the buckets that long. (Calls still
+        # answered meanwhile only write to the store, as any node's do.)
+        http = (
+            asyncio.create_task(self._runner.cleanup(), name="http-shutdown")
+            if self._runner is not None
+            else None
+        )
         if not drained:
             await self._hand_over()
+        if http is not None:
+            await http
         await self.hints.close()
         if self.history_writer is not None:
             await self.history_writer.close()
@@ -485,16 +523,14 @@ class Node:
         return info
 
     async def readiness(self) -> dict[str, bool]:
-        store_ok = True
-        try:
-            await asyncio.wait_for(self.store.ping(), timeout=READINESS_TIMEOUT)
-        except (StoreUnavailable, TimeoutError):
-            store_ok = False
+        """From what the last probes found (``_watch_servers``): a readiness
+        probe, however often the orchestrator sends it, costs no store or
+        broker round trip."""
         return {
             "started": self.phase is Phase.RUNNING,
             "gossip": self.membership is not None and self.membership.swim is not None,
-            "store": store_ok,
-            "broker": await self.publisher.reachable(),
+            "store": self.store_health.answering,
+            "broker": self.publisher.started and self.broker_health.answering,
         }
 
 

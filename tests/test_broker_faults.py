@@ -242,3 +242,28 @@ async def test_one_record_waiting_for_its_topic_does_not_hold_the_others(
         await publisher.stop()
     assert results[1:] == [None, None]
     assert isinstance(results[0], Failed)
+
+
+async def test_readyz_costs_the_store_and_the_broker_nothing(start_node: NodeFactory) -> None:
+    """/readyz is open to anyone: it answers from what the node's own probes
+    last found (before, each call pinged the store and fetched the whole
+    cluster's metadata from the broker)."""
+    node = await start_node()
+    calls: list[str] = []
+    store, client = node.node.store, node.node.publisher._producer.client  # type: ignore[union-attr]
+    ping, fetch_all = store.ping, client.fetch_all_metadata
+
+    async def counted_ping() -> None:
+        calls.append("ping")
+        await ping()
+
+    async def counted_fetch_all() -> Any:
+        calls.append("metadata")
+        return await fetch_all()
+
+    store.ping = counted_ping  # type: ignore[method-assign]
+    client.fetch_all_metadata = counted_fetch_all  # type: ignore[method-assign]
+    for _ in range(50):
+        status, body = await node.request("GET", "/readyz")
+        assert status == 200 and body["ready"] is True
+    assert calls == []

@@ -889,6 +889,46 @@ def test_a_broker_stall_the_nodes_saw_explains_a_deferred_publish() -> None:
     assert passed(result)
 
 
+def test_a_delivery_late_outside_every_intended_window_fails_the_run() -> None:
+    """A one-node broker cut of 60 s: the fault's report window covers the
+    whole cut, so the old checker passed a run whose share of the cut node
+    went out a minute late. Its intended window is only the hand-over."""
+    cut = Window("cut node-2 from the broker for 60 s", 999.0, 1081.0)
+    handover = Window(cut.label, 999.0, 1021.0)
+    accepted = {"early-in-cut": 1005.0, "late-in-cut": 1040.0, "after": 1100.0}
+    deliveries = [
+        Delivery("early-in-cut", 3, 1, 1013.0),  # during the hand-over: intended
+        Delivery("late-in-cut", 3, 1, 1061.0),  # 21 s late, after the hand-over
+        Delivery("after", 4, 1, 1100.2),
+    ]
+    old = check(accepted, set(), deliveries, [cut])
+    assert old["late_outside_windows"] == 0 and passed(old)  # before: windows only
+    result = check(accepted, set(), deliveries, [cut], intended=[handover])
+    assert result["late_outside_windows_ids"] == ["late-in-cut"]
+    assert not passed(result)
+    # Lateness of up to the bound outside any window is still a pass.
+    fine = check(
+        accepted, set(), [Delivery(u, 3, 1, at + 9.5) for u, at in accepted.items()], [cut],
+        intended=[handover],
+    )  # fmt: skip
+    assert fine["late_outside_windows"] == 0 and passed(fine)
+
+
+def test_a_broker_cut_of_one_node_is_not_a_stall_of_the_broker() -> None:
+    """For the intended windows, a broker spell is one most nodes saw: a
+    node cut from the broker alone says so on its /readyz too."""
+    held = {"node-1": 80, "node-2": 90, "node-3": 86}
+    one = [{"t": float(t), "held": held, "unready": {"node-2": ["broker"]}} for t in range(5)]
+    two = [
+        {"t": float(t), "held": held, "unready": {"node-2": ["broker"], "node-3": ["broker"]}}
+        for t in range(10, 15)
+    ]
+    assert len(broker_stalls(one, 0.0)) == 1  # any node: explains duplicates
+    assert broker_stalls(one, 0.0, most=True) == []
+    [spell] = broker_stalls([*one, *two], 0.0, most=True)
+    assert (spell.start, spell.end) == (10.0 - STALL_LEAD, 15.0)
+
+
 def test_a_schedule_left_in_flight_at_the_end_fails_the_run() -> None:
     result = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.1)])
     assert passed({**result, "stranded": 0})

@@ -71,6 +71,39 @@ async def test_nodes_split_the_buckets_and_a_graceful_leave_hands_them_over(
     assert states["c"] == "left"
 
 
+async def test_a_slow_client_does_not_hold_the_leases_of_a_stopping_node(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    """SIGTERM with one call in progress: the leases are released while that
+    call is still open (before, only once the HTTP shutdown had waited its
+    60 s for it), and the stop ends once the call does."""
+    [node] = await cluster(start_node, ["slow"], lease_ttl="120")
+
+    async def held() -> bool:
+        return len(node.node.leases.usable()) == BUCKETS
+
+    await wait_until(held, what="every lease held")
+    _reader, writer = await asyncio.open_connection("127.0.0.1", node.node.http_port)
+    # A body announced and never sent: the handler waits in its read.
+    writer.write(
+        b"POST /v1/schedules HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{"
+    )
+    await writer.drain()
+    stopping = asyncio.create_task(node.node.stop())
+
+    async def released() -> bool:
+        owners = {d.get("owner") async for d in mongo.buckets.find({})}
+        return owners == {None}
+
+    try:
+        await wait_until(released, within=30, what="the leases released")
+        assert not stopping.done()  # the slow call is still open
+    finally:
+        writer.close()
+        await asyncio.wait_for(stopping, 60)
+
+
 async def test_a_join_takes_its_share(start_node: NodeFactory, mongo: Any) -> None:
     nodes = await cluster(start_node, ["a", "b"], lease_ttl="120")
     await wait_until(lambda: settled_on(nodes, mongo), within=60, what="a settled 2-node split")

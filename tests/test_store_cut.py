@@ -1,22 +1,29 @@
-"""Who can work holds the buckets (issue 17, finding 4): a node cut off from
-the store but not from its peers steps out of the placement, the others take
-its buckets and deliver what falls due in them, and it steps back in once it
-reaches the store again. Before, placement followed gossip alone: the others
-kept placing those buckets on the cut node, its leases lapsed, and nothing
-in them was delivered until the cut healed.
+"""Who can work holds the buckets (issue 17, finding 4; issue 26, finding
+2): a node cut off from the store, or from the broker, but not from its
+peers steps out of the placement, the others take its buckets and deliver
+what falls due in them, and it steps back in once it reaches that server
+again. Before, placement followed gossip alone: the others kept placing
+those buckets on the cut node; cut from the store its leases lapsed, cut
+from the broker it kept renewing them, and nothing in them was delivered
+until the cut healed.
 
 Node a reaches the store through a relay the test cuts (a black hole, as a
-partition is); node b reaches it directly; both gossip freely.
+partition is); node b reaches it directly; both gossip freely. The broker
+cut is made at node a's producer (every publish and probe fails as a
+connection would), since a broker tells its clients to connect to its
+advertised address, past any relay in front of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 import pytest
 
+from node.delivery.publisher import Failed, KafkaPublisher
 from node.ops import embedded
+from node.schedule.record import Record
 from ring import bucket_for
 from tests.conftest import (
     HOST,
@@ -67,9 +74,9 @@ def ids_in(buckets: set[int], count: int) -> list[str]:
     return found
 
 
-def advertises_cut(observer: NodeHandle, member: str) -> bool:
+def advertises_cut(observer: NodeHandle, member: str, server: str = "store") -> bool:
     return any(
-        m.id == member and dict(m.meta).get("store") == "cut" for m in observer.node.members()
+        m.id == member and dict(m.meta).get(server) == "cut" for m in observer.node.members()
     )
 
 
@@ -140,6 +147,85 @@ async def test_a_node_cut_from_the_store_hands_its_buckets_to_those_that_can_wor
             and bool(a.node.leases.usable())
             and set(a.node.leases.usable()) | set(b.node.leases.usable()) == set(range(BUCKETS))
             and not set(a.node.leases.usable()) & set(b.node.leases.usable())
+        )
+
+    await wait_until(a_back, within=90, what="a back in the placement, holding buckets again")
+    assert await metric(a, "scheduler_placeable") == 1
+
+
+class BrokerCut:
+    """Node a's producer as a broker cut would leave it: every probe goes
+    unanswered and every publish fails as the broker's trouble (no attempt
+    spent), until healed."""
+
+    def __init__(self, publisher: KafkaPublisher) -> None:
+        self.publisher = publisher
+        self.reachable, self.publish = publisher.reachable, publisher.publish
+        self.cut = False
+        self.publishes_while_cut = 0
+
+    async def fake_reachable(self) -> bool:
+        return False if self.cut else await self.reachable()
+
+    async def fake_publish(self, records: Sequence[Record]) -> list[Failed | None]:
+        if not self.cut:
+            return await self.publish(records)
+        self.publishes_while_cut += 1
+        return [Failed("KafkaConnectionError: no route to the broker", broker=True)] * len(records)
+
+    def install(self) -> None:
+        self.publisher.reachable = self.fake_reachable  # type: ignore[method-assign]
+        self.publisher.publish = self.fake_publish  # type: ignore[method-assign]
+
+
+async def test_a_node_cut_from_the_broker_hands_its_buckets_to_those_that_can_work(
+    start_node: NodeFactory, servers: EmbeddedServers
+) -> None:
+    a = await start_node(**settings("a"))
+    seed = a.node.membership.address  # type: ignore[union-attr]
+    b = await start_node(**settings("b", seeds=seed))
+    cut = BrokerCut(a.node.publisher)
+    cut.install()
+
+    async def split() -> bool:
+        return bool(a.node.leases.usable()) and bool(b.node.leases.usable())
+
+    await wait_until(split, within=60, what="a and b to split the buckets")
+    held_by_a = set(a.node.ownership.wanted)
+
+    cut.cut = True
+
+    async def a_steps_out() -> bool:
+        return (
+            advertises_cut(b, "a", "broker")
+            and set(b.node.leases.usable()) == set(range(BUCKETS))
+            and not a.node.leases.usable()  # released, not merely expired: a still renews
+        )
+
+    await wait_until(a_steps_out, within=60, what="b to hold every bucket, a's too")
+    assert await metric(a, "scheduler_placeable") == 0
+    status, readiness = await a.request("GET", "/readyz")
+    assert status == 503 and readiness["checks"]["broker"] is False
+
+    # Due now, in the buckets a held: b delivers them while a is still cut.
+    topic = unique("broker-cut")
+    ids = ids_in(held_by_a, 8)
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        now = stamp(datetime.now(UTC))
+        for schedule_id in ids:
+            body = {"id": schedule_id, "topic": topic, "executeAt": now, "payload": 1}
+            status, _ = await b.request("POST", "/v1/schedules", json=body)
+            assert status == 201
+        await reader.wait_for(len(ids), within=60)
+    assert set(reader.by_id()) == set(ids)
+
+    cut.cut = False
+
+    async def a_back() -> bool:
+        return (
+            not advertises_cut(b, "a", "broker")
+            and bool(a.node.leases.usable())
+            and set(a.node.leases.usable()) | set(b.node.leases.usable()) == set(range(BUCKETS))
         )
 
     await wait_until(a_back, within=90, what="a back in the placement, holding buckets again")

@@ -11,7 +11,7 @@ wall clock, however wrong or however it jumps, never decides what is due.
 The error is at most half that round trip.
 
 Pure bookkeeping with injected clocks; the node reads it (node/process.py,
-``_watch_store``) every READ_EVERY seconds, or a third of a lease term if shorter.
+``_watch_servers``) every READ_EVERY seconds, or a third of a lease term if shorter.
 """
 
 from __future__ import annotations

@@ -116,8 +116,10 @@ class Ownership:
                 else:
                     log.exception("unexpected error in the lease round")
             self.metrics.buckets_owned.set(len(self.leases.usable()))
+            # asyncio.timeout: wait_for (3.11) may swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
     async def step(self) -> float:
         """One round; returns how long to wait before the next."""
@@ -161,7 +163,7 @@ class Ownership:
 
     def _replace(self) -> None:
         # Ourselves among them unless we cannot work (the process decides:
-        # store_health.workers); alone, until our view has anyone.
+        # reachability.workers); alone, until our view has anyone.
         members = dict(self.alive_members()) or {self.node_id: PLACEMENT_VERSION}
         view = tuple(sorted(members.items()))
         if view == self._view:

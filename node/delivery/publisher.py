@@ -159,14 +159,19 @@ class KafkaPublisher:
             await producer.stop()
 
     async def reachable(self) -> bool:
-        """Whether a broker answers now: a metadata request, bounded in time
-        (the producer's cached metadata says nothing about a broker that has
-        since gone away)."""
+        """Whether a broker answers now: a metadata request for no topic (the
+        brokers alone: a cluster with thousands of topics answers it as
+        cheaply as one with none), bounded in time (the producer's cached
+        metadata says nothing about a broker that has since gone away)."""
         producer = self._producer
         if producer is None:
             return False
+        client = producer.client
         try:
-            await asyncio.wait_for(producer.client.fetch_all_metadata(), PROBE_TIMEOUT)
+            node = client.get_random_node()
+            if node is None:
+                return False
+            await asyncio.wait_for(client.send(node, MetadataRequest([])), PROBE_TIMEOUT)
         except (KafkaError, TimeoutError, OSError):
             return False
         return True
