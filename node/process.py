@@ -17,7 +17,7 @@ import contextlib
 import enum
 import signal
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -37,8 +37,8 @@ from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
-from node.delivery.poller import BucketPoller
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.poller import BucketPoller, longest_round
+from node.delivery.publisher import METADATA_DEADLINE, KafkaPublisher
 from node.delivery.reachability import Reachability, advertised, workers
 from node.delivery.stalls import StallMeter
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
@@ -190,6 +190,9 @@ class Node:
             history=self.history_writer,
             tenant_names=self._tenant_names if config.fair_tenants else None,
             wall=self.clock.now,
+            stranded_after=longest_round(
+                config.store_timeout, self.publisher.request_timeout + METADATA_DEADLINE
+            ),
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -387,6 +390,9 @@ class Node:
 
     def members(self) -> list[MemberView]:
         return self.membership.members() if self.membership is not None else []
+
+    def now(self) -> datetime:
+        return self.clock.now()
 
     def _alive_members(self) -> dict[str, int]:
         """The alive members that can work (reachability.workers) -> the

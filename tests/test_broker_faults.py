@@ -244,6 +244,39 @@ async def test_one_record_waiting_for_its_topic_does_not_hold_the_others(
     assert isinstance(results[0], Failed)
 
 
+class NoTopics:
+    """A producer whose every send fails as a topic the broker does not know."""
+
+    async def send(self, topic: str, value: bytes, **kwargs: Any) -> Any:
+        from aiokafka.errors import UnknownTopicOrPartitionError
+
+        raise UnknownTopicOrPartitionError()
+
+
+async def test_a_failed_batch_asks_the_broker_about_each_topic_once() -> None:
+    """Before, every failed record of a batch asked the broker about its
+    topic again: 100 records of 2 topics were 100 metadata requests."""
+    publisher = KafkaPublisher(["127.0.0.1:1"], client_id="probe")
+    publisher._producer = NoTopics()  # type: ignore[assignment]
+    asked: list[str] = []
+
+    async def topic_known(topic: str) -> bool | None:
+        asked.append(topic)
+        return topic == "kept"
+
+    publisher.topic_known = topic_known  # type: ignore[method-assign]
+    records = [Record("kept" if i % 2 else "gone", b"k", b"v", []) for i in range(100)]
+    results = await publisher.publish(records)
+    assert sorted(asked) == ["gone", "kept"]
+    assert all(r is not None for r in results)
+    assert {r.broker for r, rec in zip(results, records, strict=True) if rec.topic == "kept"} == {
+        True
+    }
+    assert {r.broker for r, rec in zip(results, records, strict=True) if rec.topic == "gone"} == {
+        False
+    }
+
+
 async def test_readyz_costs_the_store_and_the_broker_nothing(start_node: NodeFactory) -> None:
     """/readyz is open to anyone: it answers from what the node's own probes
     last found (before, each call pinged the store and fetched the whole

@@ -14,6 +14,7 @@ from node.schedule import changes
 from node.schedule.model import Limits
 from node.schedule.parse import parse_patch
 from node.schedule.recurrence import Recurrence
+from node.store.contract import Claimed
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LIMITS = Limits(max_payload_bytes=1024, horizon=timedelta(days=366))
@@ -76,6 +77,22 @@ def test_clearing_and_setting_fields_and_turning_a_chain_into_a_one_shot() -> No
     assert change.unset == {"recurrence", "triggeredAt", "key", "labels", "retry"}
     labelled = changes.patch(doc(), parse_patch({"labels": {"b": "2", "a": "1"}}, LIMITS, NOW), NOW)
     assert labelled.set == {"labels": ["a=1", "b=2"]}
+
+
+def test_a_new_recurrence_drops_a_pending_trigger() -> None:
+    """Triggered, then given a new recurrence before the trigger ran: the
+    chain is due at its new first occurrence, published once as itself
+    (with triggeredAt kept, the claim would publish it as the extra
+    occurrence, then due at the same time again, publish it twice)."""
+    triggered = chain(triggeredAt=NOW, dueAt=NOW)
+    patch = parse_patch({"recurrence": {"every": "PT30M"}}, LIMITS, NOW)
+    change = changes.patch(triggered, patch, NOW)
+    assert "triggeredAt" in change.unset
+    after = {**triggered, **change.set}
+    for name in change.unset:
+        after.pop(name, None)
+    assert Claimed(after, token=1).triggered is False
+    assert after["dueAt"] == after["executeAt"] == NOW + timedelta(minutes=30)
 
 
 def test_expire_after_belongs_to_one_shots() -> None:

@@ -90,3 +90,28 @@ async def test_a_node_whose_clock_runs_30_s_fast_delivers_nothing_early(
     _, text = await node.request("GET", "/metrics")
     offset = next(x for x in text.splitlines() if x.startswith("scheduler_clock_offset_seconds "))
     assert float(offset.split()[1]) < -29.0
+
+
+async def test_the_verbs_judge_times_by_the_stores_clock_not_the_nodes(
+    start_node: NodeFactory,
+) -> None:
+    """A node whose wall clock runs an hour fast: a trigger makes a schedule
+    due now by the store's clock (before, an hour from now by the node's, so
+    not delivered for an hour), and its horizon and deadline are the store's."""
+    node = await start_node(chaos_mode="on", chaos_clock_skew="3600", horizon="1800", buckets="16")
+    far = stamp(datetime.now(UTC) + timedelta(minutes=20))
+    body = {"id": "skewed", "topic": unique("skew"), "executeAt": far, "payload": 1}
+    status, created = await node.request("POST", "/v1/schedules", json=body)
+    # Within the 30-minute horizon by the store's clock (by the node's, 40 minutes in the past).
+    assert status == 201, created
+    body = {**body, "id": "too-far", "executeAt": stamp(datetime.now(UTC) + timedelta(minutes=45))}
+    status, refused = await node.request("POST", "/v1/schedules", json=body)
+    assert status == 400 and refused["error"]["field"] == "executeAt"
+    await node.request("POST", "/v1/schedules/skewed:pause")
+    status, paused = await node.request("GET", "/v1/schedules/skewed")
+    assert paused["status"] == "PAUSED"
+    await node.request("POST", "/v1/schedules/skewed:resume")
+    status, triggered = await node.request("POST", "/v1/schedules/skewed:trigger")
+    assert status == 200, triggered
+    moved_to = datetime.fromisoformat(triggered["executeAt"].replace("Z", "+00:00"))
+    assert abs((moved_to - datetime.now(UTC)).total_seconds()) < 600

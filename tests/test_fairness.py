@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
-from node.delivery.fairness import fair_share
+from node.delivery.due_book import Read
+from node.delivery.fairness import fair_share, next_window
+from node.delivery.poller import BucketPoller
+from node.metrics import NodeMetrics
 from node.schedule.model import Limits
 from node.schedule.parse import parse_schedule_object
-from node.store.schedules import ScheduleStore
+from node.store.schedules import MAX_TENANTS_PER_ROUND, ScheduleStore
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant
 from tests.conftest import NodeFactory, wait_until
@@ -24,6 +27,62 @@ LIMITS = Limits(max_payload_bytes=1024, horizon=timedelta(days=1))
 
 def doc(tenant: str, seconds: float) -> dict[str, Any]:
     return {"_id": f"{tenant}{seconds}", "tenant": tenant, "dueAt": T0 + timedelta(seconds=seconds)}
+
+
+def test_windows_of_tenants_cover_all_of_them_in_turn() -> None:
+    names = [f"t{i:03}" for i in range(200)]
+    start, asked = 0, []
+    for _ in range(7):  # ceil(200 / 32)
+        window, start = next_window(names, start, {"t000"}, 32)
+        assert len(window) == 32 and "t000" not in window
+        asked += window
+    assert set(asked) == set(names) - {"t000"}
+    assert next_window([], 5, set(), 32) == ([], 0)
+    assert next_window(["a", "b"], 7, {"a"}, 32) == (["b"], 0)
+
+
+class AskedStore:
+    """What the poller asks of the store when a view hides other tenants:
+    as the real store, the first MAX_TENANTS_PER_ROUND it is given."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    async def oldest_due_of(
+        self, tenants: list[str], until: datetime, buckets: list[int], limit: int
+    ) -> list[dict[str, Any]]:
+        self.asked.append(list(tenants[:MAX_TENANTS_PER_ROUND]))
+        return []
+
+
+async def test_with_200_tenants_eight_rounds_ask_every_one_of_them() -> None:
+    """A full view of one tenant's backlog hides the others: each round asks
+    32 more of them (before, the window moved one tenant a round, and 8
+    rounds asked 39 of 200)."""
+    names = [f"t{i:03}" for i in range(200)]
+
+    async def tenant_names() -> list[str]:
+        return names
+
+    store = AskedStore()
+    owner = BucketPoller(
+        store,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        NodeMetrics(),
+        node_id="a",
+        batch_size=10,
+        poll_interval=1.0,
+        rules=None,  # type: ignore[arg-type]
+        tenant_names=tenant_names,
+    )
+    owner.book.sync({0: 1})
+    backlog = [{**doc("t000", s), "bucket": 0} for s in range(16)]
+    owner.book.learned(Read(0, 1, T0 + timedelta(hours=1), 16), backlog, 0.0)
+    for _ in range(8):
+        await owner._choose(T0 + timedelta(minutes=1), 10)
+    asked = {t for window in store.asked for t in window}
+    assert asked == set(names) - {"t000"}
 
 
 def test_a_burst_shares_the_batch_with_every_other_tenant() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from pymongo.errors import OperationFailure
 
 from node.process import Node
+from node.store.history import Attempt
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config, wait_until
 from tests.test_delivery import FailingPublisher
 from tests.test_recurring import stamp
@@ -139,3 +140,36 @@ async def test_history_expires_after_the_retention(
     await wait_until(expired, within=90, what="the record to expire")
     _, view = await handle.request("GET", "/v1/schedules/brief")
     assert view["status"] == "DELIVERED"  # the schedule itself stays
+
+
+async def test_an_id_used_again_after_retention_starts_a_history_of_its_own(
+    start_node: NodeFactory, servers: EmbeddedServers, database_name: str, mongo: Any
+) -> None:
+    """The history of an id whose schedule ended and was removed long ago
+    (its records not yet expired) is not the new schedule's: before, GET
+    showed the old schedule's attempts, and the new one's first record
+    collided with the old one's slot and was dropped."""
+    node = Node(make_config(servers, database_name, retry_backoff="0.05"))
+    node.publisher = node.poller.publisher = FailingPublisher(node.publisher, "hist", {"again": 1})
+    handle = await start_node(node)
+    long_ago = datetime.now(UTC) - timedelta(days=6)
+    old_life = Attempt(
+        "again", "default", 1, long_ago, 1, long_ago, "old-node", 3, "failed", "old error",
+        life=long_ago - timedelta(hours=1),
+    )  # fmt: skip
+    await node.history.write([old_life])
+    # The format before lives: an _id without one.
+    legacy = Attempt("again", "default", 2, long_ago, 1, long_ago, "old-node", 3, "failed", "x")
+    await node.history.write([legacy])
+    body = {"id": "again", "topic": "hist", "payload": 1, "executeAt": stamp(datetime.now(UTC))}
+    status, _ = await handle.request("POST", "/v1/schedules", json=body)
+    assert status == 201
+
+    async def its_own_attempt() -> bool:
+        _, found = await history(handle, "again/history")
+        return len(found["history"]) == 2  # its failed attempt, then its delivery
+
+    await wait_until(its_own_attempt, what="the new schedule's two attempts")
+    _, found = await history(handle, "again/history")
+    assert {r["node"] for r in found["history"]} == {"node-a"}
+    assert all(r.get("error") != "old error" for r in found["history"])

@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.delivery.outcomes import Rules
+from node.delivery.outcomes import RECOVERED_EXPIRY, Rules
 from node.schedule.model import Status
 from node.schedule.recurrence import Misfire, Recurrence
 from node.schedule.retry import RetryPolicy
@@ -139,7 +139,18 @@ def test_a_one_shot_expires_only_past_its_deadline_and_a_recurring_one_never() -
     assert not RULES.should_expire(one_shot(), NOW + timedelta(days=9))
     assert not RULES.should_expire(recurring(NOW, deadline=deadline), NOW + timedelta(days=1))
     ended = RULES.expired(one_shot(deadline=deadline), NOW + timedelta(minutes=1))
-    assert (ended.outcome, ended.status) == (Outcome.EXPIRED, Status.EXPIRED)
+    assert (ended.outcome, ended.status, ended.error) == (Outcome.EXPIRED, Status.EXPIRED, None)
+
+
+def test_an_expired_one_shot_that_was_recovered_says_it_may_have_been_published() -> None:
+    """Its owner stopped between publishing it and marking it; the next
+    owner recovered it past the deadline. EXPIRED must not claim it never
+    went out: its lastError says an earlier attempt may have."""
+    deadline = NOW + timedelta(seconds=30)
+    recovered = one_shot(attempts=1, deadline=deadline, recovered=True)
+    ended = RULES.expired(recovered, NOW + timedelta(minutes=1))
+    assert ended.status == Status.EXPIRED
+    assert ended.error == RECOVERED_EXPIRY and "may have been published" in ended.error
 
 
 def test_a_triggered_occurrence_is_never_skipped_and_leaves_its_chain_where_it_was() -> None:

@@ -170,6 +170,7 @@ def test_document_and_public_view() -> None:
         "labels": {},
         "version": 1,
         "payload": [1, "two"],
+        "payloadBytes": len(b'[1,"two"]'),
     }
 
 

@@ -6,6 +6,7 @@ the real HTTP API of a node with auth on, on the embedded store and broker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -14,8 +15,17 @@ from typing import Any
 
 import pytest
 
-from node.errors import TenantError
+from node.errors import QuotaExceeded, RateLimited, TenantError
+from node.schedule.model import Limits
+from node.schedule.parse import parse_schedule_object
 from node.store.tenants import TenantStore
+from node.tenants.admission import NEW_TOPICS_PER_CALL, Admission
+from node.tenants.directory import (
+    CACHE_SECONDS,
+    NEW_KEY_LOOKUP_BURST,
+    UNKNOWN_KEYS_KEPT,
+    TenantDirectory,
+)
 from node.tenants.model import Tenant, key_digest, validate_name
 from node.tenants.quotas import PendingQuota, RateLimiter, TokenBucket
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
@@ -51,6 +61,118 @@ def test_rate_is_shared_among_the_alive_nodes() -> None:
     taken, _ = limiter.admit(tenant, 100, now=10.0, nodes=5)
     assert taken == 2
     assert limiter.admit(Tenant(name="free"), 1000, now=0.0, nodes=1) == (1000, 0.0)
+
+
+class KeySource:
+    """A tenant store of one key, counting lookups."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.lookups = 0
+
+    async def tenant_for_key(self, key: str) -> Tenant | None:
+        self.lookups += 1
+        return Tenant(name="good") if key == self.key else None
+
+    async def get(self, name: str) -> Tenant | None:
+        return None
+
+    async def names(self) -> list[str]:
+        return []
+
+
+async def test_made_up_keys_never_evict_a_good_one_and_cost_a_bounded_number_of_lookups() -> None:
+    """10,001 made-up keys used to clear the cache (the good key's entry
+    with them) and each cost a store read. Now the good key stays cached
+    and the store is asked at most the new-key budget, the rest told 429."""
+    now = [0.0]
+    source = KeySource("sk_good")
+    directory = TenantDirectory(source, clock=lambda: now[0])
+    assert (await directory.authenticate("sk_good")) == Tenant(name="good")
+    refused = 0
+    for i in range(10_001):
+        try:
+            assert await directory.authenticate(f"sk_made_up_{i}") is None
+        except RateLimited as exc:
+            refused += 1
+            assert exc.retry_after is not None and exc.retry_after > 0
+    # The good key was new once too: it and the made-up ones share the burst.
+    assert source.lookups == NEW_KEY_LOOKUP_BURST
+    assert refused == 10_001 - (NEW_KEY_LOOKUP_BURST - 1)
+    lookups = source.lookups
+    assert (await directory.authenticate("sk_good")) == Tenant(name="good")
+    assert source.lookups == lookups  # still cached: no store read
+    # Past its cache time a known key is looked up again whatever the flood.
+    now[0] = CACHE_SECONDS + 0.01
+    for i in range(1000):
+        with contextlib.suppress(RateLimited):
+            await directory.authenticate(f"sk_more_{i}")
+    assert (await directory.authenticate("sk_good")) == Tenant(name="good")
+    assert len(directory._unknown) <= UNKNOWN_KEYS_KEPT
+
+
+class Policies:
+    """A tenant directory of fixed policies."""
+
+    def __init__(self, *tenants: Tenant) -> None:
+        self.tenants = {t.name: t for t in tenants}
+
+    async def policy(self, name: str) -> Tenant:
+        return self.tenants.get(name, Tenant(name=name))
+
+
+def new_schedules(tenant: str, topics: list[str]) -> list[Any]:
+    now = datetime.now(UTC)
+    limits = Limits(max_payload_bytes=1024, horizon=timedelta(days=1))
+    return [
+        parse_schedule_object(
+            {"topic": topic, "executeAt": FAR, "payload": 1, "tenant": tenant}, limits, now
+        )
+        for topic in topics
+    ]
+
+
+async def test_the_broker_is_asked_about_topics_only_for_what_the_limits_let_through() -> None:
+    """Asking the broker about a topic may create it: a schedule the rate or
+    the pending cap refuses must not cost one, and one call asks about at
+    most NEW_TOPICS_PER_CALL topics (before, one batch made 300)."""
+    probed: list[str] = []
+
+    async def topic_known(topic: str) -> bool | None:
+        probed.append(topic)
+        return True
+
+    async def no_pending(tenant: str) -> int:
+        return 0
+
+    slow = Tenant(name="slow", rate=1.0, burst=2)
+    capped = Tenant(name="capped", max_pending=3)
+    admission = Admission(
+        Policies(slow, capped),  # type: ignore[arg-type]
+        PendingQuota(no_pending),
+        alive_nodes=lambda: 1,
+        topic_known=topic_known,
+        clock=lambda: 0.0,
+    )
+    answers = await admission.check(new_schedules("slow", [f"s{i}" for i in range(300)]))
+    assert [a for a in answers if a is None] == [None, None]  # the burst
+    assert {type(a) for a in answers[2:]} == {RateLimited}
+    assert probed == ["s0", "s1"]
+
+    probed.clear()
+    answers = await admission.check(new_schedules("capped", [f"c{i}" for i in range(300)]))
+    assert answers[:3] == [None, None, None]
+    assert {type(a) for a in answers[3:]} == {QuotaExceeded}
+    assert probed == ["c0", "c1", "c2"]
+
+    probed.clear()
+    answers = await admission.check(new_schedules("free", [f"f{i}" for i in range(300)]))
+    assert answers[:NEW_TOPICS_PER_CALL] == [None] * NEW_TOPICS_PER_CALL
+    assert {type(a) for a in answers[NEW_TOPICS_PER_CALL:]} == {RateLimited}
+    assert len(probed) == NEW_TOPICS_PER_CALL
+    # Topics already known cost no probe and count against no cap.
+    again = await admission.check(new_schedules("free", [f"f{i}" for i in range(16)] * 3))
+    assert again == [None] * 48 and len(probed) == NEW_TOPICS_PER_CALL
 
 
 async def test_pending_room_counts_the_store_and_what_was_accepted_since() -> None:

@@ -17,7 +17,7 @@ from node.api.inputs import no_body, read_body, read_json
 from node.api.openapi import document as openapi_document
 from node.errors import ScheduleConflict, ValidationFailed
 from node.schedule.parse import parse_json
-from node.schedule.times import parse_time, utcnow
+from node.schedule.times import parse_time
 from ring import parse_version
 
 OPENAPI = openapi_document()
@@ -91,11 +91,11 @@ class Backlog:
         now = time.monotonic()
         if self._cached is None or now - self._cached[0] >= BACKLOG_CACHE_SECONDS:
             # This node's buckets: the page asks each node for its own.
-            due = await context.store.due_backlog(list(context.leases.usable()), utcnow())
+            due = await context.store.due_backlog(list(context.leases.usable()), context.now())
             self._cached = (
                 now,
                 {
-                    "at": utcnow().isoformat(),
+                    "at": context.now().isoformat(),
                     "total": sum(due.values()),
                     "dueNow": {str(b): n for b, n in sorted(due.items())},
                 },
@@ -115,7 +115,7 @@ class StatusCounts:
         if self._cached is None or now - self._cached[0] >= COUNTS_CACHE_SECONDS:
             buckets = list(context.leases.usable())
             counts = await context.store.status_counts(buckets)
-            body = {"at": utcnow().isoformat(), "buckets": len(buckets), "counts": counts}
+            body = {"at": context.now().isoformat(), "buckets": len(buckets), "counts": counts}
             self._cached = (now, body)
         return self._cached[1]
 

@@ -85,6 +85,11 @@ class ApiContext(Protocol):
     def members(self) -> Sequence[MemberView]:
         """This node's membership view (empty before gossip started)."""
 
+    def now(self) -> datetime:
+        """The store's time as this node estimates it: what the API judges
+        times by (the horizon, a trigger, a deadline), as delivery does, so a
+        node with a wrong wall clock neither refuses nor mistimes anything."""
+
     async def readiness(self) -> dict[str, bool]:
         """Each readiness check by name; ready when all are true."""
 

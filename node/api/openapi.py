@@ -421,8 +421,9 @@ SCHEMAS: dict[str, Any] = {
             "key": {"type": ["string", "null"]},
             "headers": {"type": "object", "additionalProperties": {"type": "string"}},
             "createdAt": {"type": ["string", "null"], "format": "date-time"},
-            "payload": {},
-            "payloadBase64": {"type": "string"},
+            "payload": {"description": "absent from a listing's basic view"},
+            "payloadBase64": {"type": "string", "description": "likewise"},
+            "payloadBytes": {"type": "integer", "description": "the payload's size"},
             "retry": _ref("RetryPolicy"),
             "recurrence": _ref("Recurrence"),
             "nextExecuteAt": {

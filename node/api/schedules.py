@@ -16,6 +16,7 @@ import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -54,7 +55,7 @@ from node.schedule.parse import (
     validate_tenant,
     validate_topic,
 )
-from node.schedule.times import format_time, parse_time, utcnow
+from node.schedule.times import aware, format_time, parse_time
 from node.store.listing import Cursor, Listing, Selector
 
 log = structlog.get_logger("node.api.schedules")
@@ -67,6 +68,9 @@ MAX_BATCH = 1000
 BATCH_BODY_LIMIT = 16 * 1024 * 1024
 # A selector is a few short fields.
 SELECTOR_BODY_LIMIT = 16 * 1024
+# History records of a schedule are those made since its creation, give or
+# take the nodes' readings of the store's clock.
+HISTORY_SLACK = timedelta(minutes=1)
 
 
 def body_limit(max_payload_bytes: int) -> int:
@@ -98,7 +102,7 @@ def _accepted(context: ApiContext, doc: dict[str, Any]) -> None:
 async def create_schedule(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     body = await read_body(request, body_limit(context.config.max_payload_bytes))
-    now = utcnow()
+    now = context.now()
     new = parse_new_schedule(body, context.limits, now, _caller(request).scope)
     [refused] = await context.admission.check([new])
     if refused is not None:
@@ -123,7 +127,7 @@ async def create_batch(request: web.Request) -> web.Response:
         raise ValidationFailed(
             f"schedules must hold 1 to {MAX_BATCH} items, got {len(items)}", "schedules"
         )
-    now = utcnow()
+    now = context.now()
     scope = _caller(request).scope
     results: list[dict[str, Any]] = [{} for _ in items]
     parsed: list[tuple[int, NewSchedule]] = []
@@ -237,7 +241,7 @@ async def cancel_schedule(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     stored_id = _schedule_id(request)
     if_match = _if_match(request)
-    doc = await context.store.cancel(stored_id, utcnow(), if_match)
+    doc = await context.store.cancel(stored_id, context.now(), if_match)
     if doc is None:
         raise _not_found(stored_id)
     context.metrics.schedules_cancelled.inc()
@@ -251,16 +255,20 @@ async def cancel_schedule(request: web.Request) -> web.Response:
 
 
 async def _change(
-    request: web.Request, verb: str, decide: Callable[[dict[str, Any]], Change | None]
+    request: web.Request,
+    verb: str,
+    decide: Callable[[dict[str, Any], datetime], Change | None],
+    now: datetime | None = None,
 ) -> web.Response:
     """Apply one verb to the schedule the path names: the store reads it,
-    ``decide`` judges it, and the change is written only where the schedule
-    is still as it was read (``ScheduleStore.change``)."""
+    ``decide`` judges it at ``now`` (the store's time, as delivery judges
+    times), and the change is written only where the schedule is still as
+    it was read (``ScheduleStore.change``)."""
     context = request.app[CONTEXT]
     stored_id = _schedule_id(request)
     if_match = _if_match(request)
-    now = utcnow()
-    result = await context.store.change(stored_id, decide, now, if_match)
+    now = now or context.now()
+    result = await context.store.change(stored_id, lambda doc: decide(doc, now), now, if_match)
     if result is None:
         raise _not_found(stored_id)
     doc, change = result
@@ -284,34 +292,36 @@ async def change_schedule(request: web.Request) -> web.Response:
     """Change what the body names of a PENDING or PAUSED schedule."""
     context = request.app[CONTEXT]
     data = await read_json(request, body_limit(context.config.max_payload_bytes))
-    now = utcnow()
+    now = context.now()
     request_patch = parse_patch(data, context.limits, now)
-    return await _change(request, "changed", lambda doc: changes.patch(doc, request_patch, now))
+    return await _change(
+        request, "changed", lambda doc, at: changes.patch(doc, request_patch, at), now
+    )
 
 
 @routes.post("/v1/schedules/{schedule_id}:pause")
 async def pause_schedule(request: web.Request) -> web.Response:
     await no_body(request)
-    return await _change(request, "paused", lambda doc: changes.pause(doc, utcnow()))
+    return await _change(request, "paused", changes.pause)
 
 
 @routes.post("/v1/schedules/{schedule_id}:resume")
 async def resume_schedule(request: web.Request) -> web.Response:
     await no_body(request)
-    return await _change(request, "resumed", lambda doc: changes.resume(doc, utcnow()))
+    return await _change(request, "resumed", changes.resume)
 
 
 @routes.post("/v1/schedules/{schedule_id}:trigger")
 async def trigger_schedule(request: web.Request) -> web.Response:
     await no_body(request)
-    return await _change(request, "triggered", lambda doc: changes.trigger(doc, utcnow()))
+    return await _change(request, "triggered", changes.trigger)
 
 
 @routes.post("/v1/schedules/{schedule_id}:retry")
 async def retry_schedule(request: web.Request) -> web.Response:
     """Redrive: a DELIVERY_FAILED schedule is due again with fresh attempts."""
     await no_body(request)
-    return await _change(request, "redriven", lambda doc: changes.redrive(doc, utcnow()))
+    return await _change(request, "redriven", changes.redrive)
 
 
 _SELECTOR_FIELDS = frozenset({"labels", "key", "idPrefix", "dueBefore", "tenant"})
@@ -341,7 +351,7 @@ async def cancel_selected(request: web.Request) -> web.Response:
     selector = Selector(
         labels=tuple(label_pairs(labels)), key=key, id_prefix=id_prefix, due_before=due_before
     )
-    cancelled, more = await context.store.cancel_matching(tenant, selector, utcnow())
+    cancelled, more = await context.store.cancel_matching(tenant, selector, context.now())
     context.metrics.schedules_cancelled.inc(cancelled)
     log.info("schedules cancelled by selector", tenant=tenant, cancelled=cancelled, more=more)
     return json_response({"cancelled": cancelled, "more": more})
@@ -356,7 +366,11 @@ async def schedule_history(request: web.Request) -> web.Response:
     doc = await context.store.get(stored_id)
     if doc is None:
         raise _not_found(stored_id)
-    history = [public_record(r) for r in await context.history.of(stored_id, limit)]
+    # This life of the id only: an id used again past retention starts afresh
+    # (a minute's slack for the clocks of the nodes that wrote the records).
+    since = aware(doc["createdAt"]) - HISTORY_SLACK if doc.get("createdAt") else None
+    records = await context.history.of(stored_id, limit, since)
+    history = [public_record(r) for r in records]
     delivered = delivered_record(doc)
     if delivered is not None:  # the newest attempt, kept by the schedule itself
         history = [delivered, *history][:limit]

@@ -10,6 +10,7 @@ from typing import Any
 
 from node.schedule.changes import version_of
 from node.schedule.model import Status, labels_of, public_id
+from node.schedule.payload import needs_fetch, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy
 from node.schedule.times import format_duration, format_time
@@ -66,7 +67,10 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
         view["retry"] = RetryPolicy.from_document(doc["retry"]).to_view()
     if doc.get("recurrence"):
         view.update(_recurrence_view(doc))
-    payload = bytes(doc.get("payload", b""))
+    view["payloadBytes"] = payload_size(doc)
+    if needs_fetch(doc):
+        return view  # read without its payload (a listing's basic view)
+    payload = payload_of(doc)
     if doc.get("payloadFormat") == "json":
         view["payload"] = json.loads(payload)
     else:

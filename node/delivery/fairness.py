@@ -7,11 +7,16 @@ other tenant's schedules behind it until it drained. So a round's batch is
 filled round-robin over the tenants with due work, each tenant's oldest
 first: a tenant with a few due schedules gets them into the very next batch
 whatever another tenant's backlog, and a tenant alone gets the whole batch.
+
+When a backlog fills a bucket's view, tenants absent from what was read are
+asked for their own due work, a window of them per round (``next_window``):
+each round's window starts where the last one ended, so with more tenants
+than one window holds, every tenant is asked within a few rounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
@@ -40,3 +45,25 @@ def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any
 
 def by_due(doc: dict[str, Any]) -> datetime:
     return aware(doc["dueAt"])
+
+
+def next_window(
+    names: Sequence[str], start: int, present: Collection[str], size: int
+) -> tuple[list[str], int]:
+    """The next ``size`` tenants of ``names`` (in a fixed order) not in
+    ``present``, from position ``start`` around, and where the window after
+    this one starts: past the last tenant taken (so the next round asks
+    the ones after it, not nearly the same ones again)."""
+    chosen: list[str] = []
+    if not names:
+        return chosen, 0
+    start %= len(names)
+    after = start
+    for offset in range(len(names)):
+        position = (start + offset) % len(names)
+        if names[position] not in present:
+            chosen.append(names[position])
+            after = (position + 1) % len(names)
+            if len(chosen) == size:
+                break
+    return chosen, after

@@ -20,6 +20,9 @@ time.
 | no attempts left, and the         | PENDING at now +    | the same occurrence PENDING at     |
 | dead-letter publish failed too    | backoff             | now + backoff                      |
 | past its deadline (expireAfter)   | EXPIRED, unpublished| -                                  |
+|                                   | (says so if an      |                                    |
+|                                   | attempt was in      |                                    |
+|                                   | flight at a crash)  |                                    |
 | an extra occurrence (a trigger)   | -                   | published, retried or failed as    |
 | published, or failed for good     |                     | any; then the chain goes on, due   |
 |                                   |                     | at its own next occurrence         |
@@ -47,6 +50,13 @@ from node.schedule.retry import RetryPolicy, policy_of
 from node.schedule.times import aware
 from node.store.contract import Claimed, Completion, Occurrence, Outcome
 
+# The lastError of an EXPIRED schedule one of whose attempts was in flight
+# when its owner stopped (README, "Deadlines").
+RECOVERED_EXPIRY = (
+    "expired after a recovery: an earlier attempt was in flight when its owner stopped, "
+    "and may have been published before the deadline"
+)
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -72,7 +82,11 @@ class Rules:
         return is_expired(claimed.doc, now)
 
     def expired(self, claimed: Claimed, now: datetime) -> Completion:
-        return Completion(claimed, Outcome.EXPIRED, Status.EXPIRED, now)
+        """Not published now. One that was recovered (an attempt in flight
+        when its owner stopped, before the deadline) may have reached the
+        topic then, unmarked: it says so rather than claim it never went."""
+        error = RECOVERED_EXPIRY if claimed.doc.get("recovered") else None
+        return Completion(claimed, Outcome.EXPIRED, Status.EXPIRED, now, error=error)
 
     def exhausted(self, claimed: Claimed) -> bool:
         """Whether this attempt was the last its retry policy allows."""

@@ -46,7 +46,7 @@ import structlog
 
 from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
-from node.delivery.fairness import by_due, fair_share
+from node.delivery.fairness import by_due, fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
@@ -54,11 +54,12 @@ from node.delivery.publisher import Failed, KafkaPublisher
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from node.schedule.model import Status
+from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
 from node.store.contract import Claimed, Completion, Outcome
 from node.store.history import Attempt
-from node.store.schedules import ScheduleStore
+from node.store.schedules import MAX_TENANTS_PER_ROUND, ScheduleStore
 
 log = structlog.get_logger("node.poller")
 
@@ -71,10 +72,26 @@ CONCURRENT_READS = 8
 # How often every held bucket is searched for what an older owner left in
 # flight, besides when it is gained (seconds).
 RECOVERY_SWEEP = 30.0
+# The default of how long a claim may stay IN_FLIGHT under this node's own
+# token before the sweep takes it for stranded (seconds; see longest_round).
+STRANDED_AFTER = 120.0
+
+
+def longest_round(store_timeout: float, publish_timeout: float) -> float:
+    """The longest a round can hold a claim, in seconds: the claim, two
+    publishes (the batch, its dead letters) and three writes (marks,
+    failures, put-backs) each at its deadline, and as much again for a write
+    the server still applies after the client gave up on it."""
+    return 2 * (4 * store_timeout + 2 * publish_timeout)
+
+
 # While the broker is down, the wait before probing it again: doubling from
 # the first to the last (seconds).
 BROKER_BACKOFF = 0.5
 BROKER_BACKOFF_MAX = 10.0
+# Payload bytes published at once: a batch of large payloads goes in parts
+# of this size, each fetched just before it is published.
+PUBLISH_PART_BYTES = 8 * 1024 * 1024
 
 
 class BucketPoller:
@@ -95,8 +112,13 @@ class BucketPoller:
         tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
         wall: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        stranded_after: float = STRANDED_AFTER,
     ) -> None:
         self.store = store
+        # Longer than any round can hold a claim (node/process.py derives it
+        # from the store's and the broker's deadlines): a schedule IN_FLIGHT
+        # under our own token for longer belongs to no round any more.
+        self.stranded_after = timedelta(seconds=stranded_after)
         self.leases = leases
         self.publisher = publisher
         self.metrics = metrics
@@ -197,7 +219,9 @@ class BucketPoller:
     async def _sleep(self, delay: float) -> None:
         self._wake_at = self.wall() + timedelta(seconds=delay)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            # asyncio.timeout: wait_for (3.11) may swallow a cancellation.
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
         except TimeoutError:
             pass
         finally:
@@ -270,8 +294,10 @@ class BucketPoller:
             return [d for d in pool if frontier is None or by_due(d) <= frontier][:size]
         hiding = self.book.hiding(now)
         if hiding and tenants:
-            present = {d.get("tenant") for d in pool}
-            others = [t for t in tenants if t not in present]
+            present = {str(d.get("tenant")) for d in pool}
+            others, self._tenant_turn = next_window(
+                tenants, self._tenant_turn, present, MAX_TENANTS_PER_ROUND
+            )
             if others:
                 seen = {d["_id"] for d in pool}
                 extra = await self.store.oldest_due_of(others, now, hiding, size)
@@ -291,33 +317,35 @@ class BucketPoller:
         return max(0.0, delay)
 
     async def _tenants(self) -> list[str] | None:
-        """The tenants to serve fairly this round, starting one further each
-        round, so that when there are more than a round looks up, all get turns."""
+        """The tenants to serve fairly, in a fixed order (``_choose`` asks a
+        window of them per round, each window after the last)."""
         if self.tenant_names is None:
             return None
-        names = sorted(await self.tenant_names())
-        if not names:
-            return names
-        self._tenant_turn = (self._tenant_turn + 1) % len(names)
-        return names[self._tenant_turn :] + names[: self._tenant_turn]
+        return sorted(await self.tenant_names())
 
     async def _recover(self, tokens: dict[int, int], gained: set[int]) -> None:
         """What an older owner left in flight is due again: in the buckets
         just gained, and in every held one once a sweep interval (a stale
-        owner that claimed after we took over, its lease's deadline missed)."""
+        owner that claimed after we took over, its lease's deadline missed).
+        The sweep also takes what our own token has held IN_FLIGHT for longer
+        than any round lasts: the safety net under everything a failed round
+        keeps for settling (it runs between rounds, so no round of ours is
+        working on anything then)."""
+        stranded_before: datetime | None = None
         if self.monotonic() - self._swept_at >= RECOVERY_SWEEP:
             self._swept_at = self.monotonic()
             buckets = tokens
+            stranded_before = self.wall() - self.stranded_after
         else:
             buckets = {b: tokens[b] for b in gained}
         if not buckets:
             return
-        recovered = await self.store.recover_in_flight(buckets)
+        recovered = await self.store.recover_in_flight(buckets, stranded_before)
         if recovered:
             self.metrics.recovered.inc(len(recovered))
             self.book.stale({b for b in buckets})
             log.warning(
-                "re-delivering schedules left in flight by a former owner",
+                "re-delivering schedules left in flight by a former owner or a failed round",
                 count=len(recovered),
                 ids=recovered[:20],
             )
@@ -396,34 +424,48 @@ class BucketPoller:
         try:
             live = await self._expire_overdue(live)
             live = await self._skip_misfired(live)
-            records = [build_record(c.doc, c.token, c.attempt) for c in live]
         except Exception:
             self._unclaimed.extend(live)  # none was published
             raise
         if not live:
             return
         started = time.perf_counter()
-        results = await self.publisher.publish(records)
+        try:
+            results, unread = await self._publish(live)
+        except Exception:
+            # No answer per record (a bug, a producer gone): nobody knows
+            # what went out. Put the batch back, to be published again.
+            self._unclaimed.extend(live)
+            self.book.stale({c.bucket for c in live})
+            raise
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
+        if unread:
+            log.warning("large payloads could not be read: put back unpublished", count=len(unread))
+        live = [c for c in live if c.id not in unread]
 
         delivered = [c for c, failure in zip(live, results, strict=True) if failure is None]
         # The broker's trouble spends no attempt: those wait for the broker.
         deferred = [c for c, f in zip(live, results, strict=True) if f is not None and f.broker]
+        reasons = [f for f in results if f is not None and f.broker]
+        # Put back unpublished: those, and those whose payload the store did not give.
+        put_back = [*deferred, *unread.values()]
         failures = [
             (c, f.error)
             for c, f in zip(live, results, strict=True)
             if f is not None and not f.broker
         ]
-        if deferred:
-            await self._defer(
-                deferred, [f for f in results if f is not None and f.broker], delivered
-            )
         done_at = self.wall()
-        done = [self.rules.delivered(c, done_at) for c in delivered]
         exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
         unsent: set[str] = set()
         if exhausted and self.dead_letter_topic:
             unsent = await self._dead_letter(exhausted)
+        # Every outcome is decided before anything is written, and written
+        # as one unit: whichever write fails, all of it is kept for the next
+        # round to settle (a completion or a put-back already written
+        # matches nothing the second time). Else a write failing part way
+        # would leave the rest IN_FLIGHT under this node's live token, which
+        # no recovery of an older owner's work would ever touch.
+        done = [self.rules.delivered(c, done_at) for c in delivered]
         failed = [
             self.rules.failed(c, error, done_at, dead_letter_failed=c.id in unsent)
             for c, error in failures
@@ -436,11 +478,16 @@ class BucketPoller:
             )
             if failed:
                 await self._write(failed)
+            if put_back:
+                await self.store.unclaim(put_back)
         except Exception:
-            # Published, and the outcome decided: write it next round. (A
-            # completion already written matches nothing the second time.)
             self._unsettled.extend([*done, *failed])
+            self._unclaimed.extend(put_back)
             raise
+        finally:
+            self.book.stale({c.bucket for c in put_back})
+            if deferred:
+                self._deferred(deferred, reasons, delivered)
         if delivered:
             self.metrics.deliveries.labels("delivered").inc(marked)
             if marked < len(delivered):
@@ -464,6 +511,39 @@ class BucketPoller:
                 )
         if failed:
             self._failed(failed)
+
+    async def _publish(
+        self,
+        live: list[Claimed],
+        as_record: Callable[[Claimed, dict[str, Any]], Record] | None = None,
+    ) -> tuple[list[Failed | None], dict[str, Claimed]]:
+        """Publish ``live``, a few megabytes of payload at a time: the large
+        payloads (read without them, ``node/schedule/payload.py``) are
+        fetched for each part just before it goes, so a batch of large ones
+        is never all in memory at once. Returns a result per claim published
+        and, by id, the claims left unpublished because their payloads could
+        not be read (the store failed part way). ``as_record``: the record a
+        claim (its document, payload loaded) becomes; by default its own."""
+        as_record = as_record or (lambda c, doc: build_record(doc, c.token, c.attempt))
+        results: list[Failed | None] = []
+        unread: dict[str, Claimed] = {}
+        for part in _by_bytes(live, PUBLISH_PART_BYTES):
+            missing = [c for c in part if needs_fetch(c.doc)]
+            payloads: dict[str, bytes] = {}
+            if missing and not unread:
+                try:
+                    payloads = await self.store.large_payloads(missing)
+                except SchedulerError as exc:
+                    log.warning("could not read large payloads", error=str(exc))
+            if any(c.id not in payloads for c in missing):
+                unread.update((c.id, c) for c in part)
+                continue
+            records = [
+                as_record(c, {**c.doc, LARGE: payloads[c.id]} if c.id in payloads else c.doc)
+                for c in part
+            ]
+            results += await self.publisher.publish(records)
+        return results, unread
 
     async def _expire_overdue(self, claimed: list[Claimed]) -> list[Claimed]:
         """One-shots past their deadline (``expireAfter``) are not published:
@@ -533,25 +613,20 @@ class BucketPoller:
                     token=c.token,
                     outcome=outcome.value,
                     error=error,
+                    life=aware(c.doc["createdAt"]) if c.doc.get("createdAt") else None,
                 )
                 for c in claimed
             ]
         )
 
-    async def _defer(
+    def _deferred(
         self, deferred: list[Claimed], reasons: list[Failed], delivered: list[Claimed]
     ) -> None:
-        """The broker could not take these: back to PENDING with the attempt
-        undone (an outage must not spend the retry budget). When it took
-        nothing of the batch, it is down: claim nothing until it answers."""
+        """The broker could not take these: they go back to PENDING with the
+        attempt undone (an outage must not spend the retry budget; written
+        with the batch's outcomes). When it took nothing of the batch, it is
+        down: claim nothing until it answers."""
         self.metrics.deliveries.labels("deferred").inc(len(deferred))
-        try:
-            await self.store.unclaim(deferred)
-        except Exception:
-            self._unclaimed.extend(deferred)
-            raise
-        finally:
-            self.book.stale({c.bucket for c in deferred})
         if not delivered:
             self._broker_trouble(reasons[0].error if reasons else "")
         log.warning(
@@ -589,22 +664,48 @@ class BucketPoller:
     async def _dead_letter(self, failures: list[tuple[Claimed, str]]) -> set[str]:
         """Publish these to the dead-letter topic; returns the ids it did not
         take (they keep retrying rather than fail without a record)."""
-        records = []
-        for claimed, error in failures:
-            original = build_record(claimed.doc, claimed.token, claimed.attempt)
+        errors = {claimed.id: error for claimed, error in failures}
+
+        def dead_letter(claimed: Claimed, doc: dict[str, Any]) -> Record:
+            original = build_record(doc, claimed.token, claimed.attempt)
             headers = [
                 *original.headers,
                 ("original-topic", original.topic.encode()),
-                ("error", error.encode()[:1024]),
+                ("error", errors[claimed.id].encode()[:1024]),
             ]
-            records.append(Record(self.dead_letter_topic, original.key, original.value, headers))
-        results = await self.publisher.publish(records)
-        unsent = set()
-        for (claimed, _error), failure in zip(failures, results, strict=True):
+            return Record(self.dead_letter_topic, original.key, original.value, headers)
+
+        claims = [claimed for claimed, _error in failures]
+        try:
+            results, unread = await self._publish(claims, dead_letter)
+        except Exception as exc:  # no answer: none of them is known to be there
+            log.exception("dead-letter publish raised")
+            results, unread = (
+                [Failed(f"{type(exc).__name__}: {exc}", broker=True)] * len(claims),
+                {},
+            )
+        unsent = set(unread)
+        published = [c for c in claims if c.id not in unread]
+        for claimed, failure in zip(published, results, strict=True):
             if failure is not None:
                 unsent.add(claimed.id)
                 log.error("dead-letter publish failed", **_about(claimed), error=failure.error)
         return unsent
+
+
+def _by_bytes(claims: list[Claimed], most: int) -> list[list[Claimed]]:
+    """``claims`` in order, in parts of at most ``most`` bytes of payload
+    (a single larger one alone)."""
+    parts: list[list[Claimed]] = []
+    size = 0
+    for claim in claims:
+        weight = payload_size(claim.doc)
+        if not parts or (size + weight > most and parts[-1]):
+            parts.append([])
+            size = 0
+        parts[-1].append(claim)
+        size += weight
+    return parts
 
 
 def _about(claimed: Claimed) -> dict[str, Any]:

@@ -231,24 +231,30 @@ class KafkaPublisher:
 
         results = await asyncio.gather(*(send(r) for r in records), return_exceptions=True)
         failed: list[Failed | None] = []
+        # What the broker said of each topic, asked once per topic of the batch.
+        topics: dict[str, bool | None] = {}
         for record, result in zip(records, results, strict=True):
             if isinstance(result, BaseException):
-                failed.append(await self._judge(record, result))
+                failed.append(await self._judge(record, result, topics))
             else:
                 failed.append(None)
         return failed
 
-    async def _judge(self, record: Record, error: BaseException) -> Failed:
+    async def _judge(
+        self, record: Record, error: BaseException, topics: dict[str, bool | None]
+    ) -> Failed:
         """Whose fault a failed send is: the record's (too large, a topic the
         broker refuses) spends an attempt; the broker's (unreachable, timed
-        out, not enough replicas, no leader) does not."""
+        out, not enough replicas, no leader) does not. ``topics``: what the
+        broker said of each topic this batch asked about."""
         text = f"{type(error).__name__}: {error}"
         if isinstance(error, RECORD_FAULTS):
             return Failed(text, broker=False)
         if isinstance(error, (TimeoutError, UnknownTopicOrPartitionError)):
             # No metadata for the topic in time: the topic's fault if the
             # broker answers that it does not have it, else the broker's.
-            known = await self.topic_known(record.topic)
-            return Failed(text, broker=known is not False)
+            if record.topic not in topics:
+                topics[record.topic] = await self.topic_known(record.topic)
+            return Failed(text, broker=topics[record.topic] is not False)
         retriable = isinstance(error, OSError) or getattr(error, "retriable", False)
         return Failed(text, broker=bool(retriable) or isinstance(error, KafkaError))

@@ -19,6 +19,7 @@ from typing import Any
 from node.errors import InvalidState, ScheduleInFlight, ValidationFailed
 from node.schedule.model import CHANGEABLE, Status, label_pairs, public_id
 from node.schedule.parse import Patch
+from node.schedule.payload import payload_fields
 from node.schedule.times import aware
 
 _MS = timedelta(milliseconds=1)
@@ -81,6 +82,10 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
         execute_at = first
         sets["recurrence"] = request.recurrence.to_document()
         sets["lateStreak"] = 0
+        # The new chain starts at its first occurrence: a trigger still
+        # pending would publish that occurrence once as the extra one and
+        # once more as itself.
+        unsets.add("triggeredAt")
         if not recurring:
             sets.update(occurrences=0, skippedOccurrences=0, recent=[])
             recurring = True
@@ -103,7 +108,10 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
     elif stored_expiry is not None:
         unsets |= {"expireAfterMs", "deadline"}
     if request.payload is not None:
-        sets["payload"], sets["payloadFormat"] = request.payload
+        payload, sets["payloadFormat"] = request.payload
+        stored, elsewhere = payload_fields(payload)
+        sets.update(stored)
+        unsets |= elsewhere
     _set_or_clear(sets, unsets, "key", named, request.key)
     if request.headers is not None:
         sets["headers"] = request.headers

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.schedule.model import public_id
+from node.schedule.payload import payload_of
 from node.schedule.times import format_time
 
 
@@ -37,6 +38,4 @@ def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
     ]
     headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
     key = doc.get("key") or schedule_id
-    return Record(
-        topic=doc["topic"], key=str(key).encode(), value=bytes(doc["payload"]), headers=headers
-    )
+    return Record(topic=doc["topic"], key=str(key).encode(), value=payload_of(doc), headers=headers)

@@ -33,9 +33,12 @@ The schedule store's contract (``schedules.ScheduleStore``), method by method:
   schedule (``contract.Completion``, built by ``node/delivery/outcomes.py``),
   only where its token still holds it (IN_FLIGHT, ``token == mine``): a
   stale owner's completion matches nothing. Returns how many were written.
-* ``recover_in_flight(tokens)``: schedules of our buckets left IN_FLIGHT under
-  an older token (their owner died or lost its lease mid-batch) become
-  PENDING under ours: re-delivered at least once.
+* ``recover_in_flight(tokens, stranded_before)``: schedules of our buckets
+  left IN_FLIGHT under an older token (their owner died or lost its lease
+  mid-batch), and under our own token by a claim made before
+  ``stranded_before`` (older than any round of ours can be: a claim the
+  server applied after its answer was lost), become PENDING under ours:
+  re-delivered at least once.
 
 ``leases.LeaseStore`` keeps the ``buckets`` collection (lease documents,
 judged by the server's clock), ``history.HistoryStore`` one record per

@@ -15,6 +15,7 @@ from pymongo import ASCENDING
 
 from node.schedule.changes import expiry_fields
 from node.schedule.model import NewSchedule, Status, label_pairs, public_id
+from node.schedule.payload import payload_fields
 from ring import bucket_for
 
 
@@ -58,7 +59,8 @@ def _base_document(new: NewSchedule, bucket_count: int, now: datetime) -> dict[s
         # 0 is below every lease token, so any owner may claim it first.
         "token": 0,
         "attempts": 0,
-        "payload": new.payload,
+        # Inline when small, in a field of its own when large (payload.py).
+        **payload_fields(new.payload)[0],
         "payloadFormat": new.payload_format,
         "headers": new.headers,
         "fingerprint": new.fingerprint(),

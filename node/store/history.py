@@ -1,10 +1,15 @@
 """Execution history: one record per delivery attempt (when, which node, which
 lease token, the outcome and the error), for ``GET /v1/schedules/{id}/history``.
 
-* Capped per schedule: a record's ``_id`` is ``<schedule>#<run mod cap>``,
-  where ``run`` counts the schedule's attempts over its whole life (the claim
-  increments it), so a long-lived recurring schedule overwrites its oldest
-  record instead of growing without bound.
+* Capped per schedule: a record's ``_id`` is ``<schedule>@<life>#<run mod
+  cap>``, where ``run`` counts the schedule's attempts over its whole life
+  (the claim increments it), so a long-lived recurring schedule overwrites
+  its oldest record instead of growing without bound.
+* Per life of an id: ``life`` is when the schedule was created (its
+  ``createdAt``, in milliseconds). An id used again once its schedule has
+  ended and been removed (past RETENTION) starts a new life: its records
+  neither collide with the old one's nor show them (``of`` reads only the
+  records made since the schedule's creation).
 * Expired after ``HISTORY_RETENTION`` by a TTL index on the record's time.
 * Never on the delivery path: the poller hands records to
   ``node/delivery/history_writer.py``, which writes them in batches from its
@@ -40,10 +45,12 @@ class Attempt:
     token: int
     outcome: str  # delivered, retrying, failed, skipped
     error: str | None
+    life: datetime | None = None  # the schedule's createdAt (None: records made before lives)
 
     def to_document(self, cap: int) -> dict[str, Any]:
+        life = "" if self.life is None else f"@{int(self.life.timestamp() * 1000)}"
         return {
-            "_id": f"{self.schedule_id}#{self.run % cap}",
+            "_id": f"{self.schedule_id}{life}#{self.run % cap}",
             "scheduleId": self.schedule_id,
             "tenant": self.tenant,
             "run": self.run,
@@ -109,11 +116,12 @@ class HistoryStore:
         return result.inserted_count + result.upserted_count + result.modified_count
 
     @store_call
-    async def of(self, schedule_id: str, limit: int) -> list[dict[str, Any]]:
-        """A schedule's records, newest first."""
-        return await (
-            self.collection.find({"scheduleId": schedule_id})
-            .sort("run", DESCENDING)
-            .limit(limit)
-            .to_list()
-        )
+    async def of(
+        self, schedule_id: str, limit: int, since: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """A schedule's records, newest first; those made ``since`` alone (the
+        current life of the id, see the module docstring)."""
+        query: dict[str, Any] = {"scheduleId": schedule_id}
+        if since is not None:
+            query["at"] = {"$gte": since}
+        return await self.collection.find(query).sort("run", DESCENDING).limit(limit).to_list()

@@ -51,6 +51,7 @@ from node.schedule.model import (
     Status,
     public_id,
 )
+from node.schedule.payload import LARGE
 from node.schedule.times import aware
 from node.store.boundary import DURABLE, store_call
 from node.store.contract import Claimed, Completion, Outcome
@@ -84,6 +85,8 @@ CHANGE_ATTEMPTS = 5
 BULK_CANCEL_BATCH = 500
 BULK_CANCEL_LIMIT = 10_000
 _LIVE = sorted(s.value for s in CHANGEABLE)
+# The projection of the reads that hold many schedules at once (payload.py).
+WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
 
 
 class ScheduleStore:
@@ -397,7 +400,9 @@ class ScheduleStore:
         other buckets."""
         docs = await (
             self.schedules.find(
-                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}}
+                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}},
+                # A large payload stays behind: the poller fetches it at publish time.
+                WITHOUT_LARGE_PAYLOAD,
             )
             .sort("dueAt", ASCENDING)
             .limit(limit)
@@ -431,7 +436,8 @@ class ScheduleStore:
                         "tenant": tenant,
                         "status": Status.PENDING.value,
                         "bucket": {"$in": sorted(buckets)},
-                    }
+                    },
+                    WITHOUT_LARGE_PAYLOAD,
                 )
                 .sort("dueAt", ASCENDING)
                 .limit(limit)
@@ -440,6 +446,21 @@ class ScheduleStore:
             )
             self.documents_read["fair"] += len(docs)
             found += [d for d in docs if aware(d["dueAt"]) <= until]
+        return found
+
+    @store_call
+    async def large_payloads(self, claims: Sequence[Claimed]) -> dict[str, bytes]:
+        """The large payloads of ``claims`` (read without them), by id: one
+        read per IDS_PER_STATEMENT, each targeted by the buckets. The caller
+        asks for a few megabytes at a time (``node/delivery/poller.py``)."""
+        docs = [c.doc for c in claims]
+        found: dict[str, bytes] = {}
+        for chunk in _chunks(docs):
+            for doc in await self.schedules.find(
+                _ids_and_buckets(chunk), {LARGE: 1}, batch_size=len(chunk)
+            ).to_list():
+                if LARGE in doc:
+                    found[str(doc["_id"])] = bytes(doc[LARGE])
         return found
 
     @store_call
@@ -564,23 +585,30 @@ class ScheduleStore:
         return (await self._durable.bulk_write(ops, ordered=False)).modified_count
 
     @store_call
-    async def recover_in_flight(self, tokens: Mapping[int, int]) -> list[str]:
+    async def recover_in_flight(
+        self, tokens: Mapping[int, int], stranded_before: datetime | None = None
+    ) -> list[str]:
         """Make schedules left IN_FLIGHT by an older owner of ``tokens``' buckets
-        due again, under our token.
+        due again, under our token; and, given ``stranded_before``, those left
+        under our own token by a claim made before then.
 
         Their former owner died or lost its lease mid-batch; it may or may not
         have published them, so re-delivering is at-least-once and each is a
         possible duplicate. Writing our token fences that former owner out.
-        One bounded read per bucket (usually empty), one write for all.
+        Under our own token, a claim older than the longest round this node
+        can run belongs to no round any more (one whose answer was lost and
+        which the server applied late, or a round that failed without
+        keeping it): the safety net for what would otherwise stay IN_FLIGHT
+        for good. One bounded read per bucket (usually empty), one write for all.
         """
         stale: list[dict[str, Any]] = []
         for bucket, token in sorted(tokens.items()):
             in_flight = await self.schedules.find(
                 {"bucket": bucket, "status": Status.IN_FLIGHT.value},
-                {"bucket": 1, "token": 1},
+                {"bucket": 1, "token": 1, "claimedAt": 1},
             ).to_list()
             self.documents_read["recover"] += len(in_flight)
-            stale += [s for s in in_flight if s.get("token", 0) < token]
+            stale += [s for s in in_flight if _left_behind(s, token, stranded_before)]
         if not stale:
             return []
         ops = [
@@ -590,9 +618,17 @@ class ScheduleStore:
                     "bucket": s["bucket"],
                     "status": Status.IN_FLIGHT.value,
                     "token": s.get("token", 0),
+                    # Not claimed again meanwhile (a claim sets claimedAt).
+                    "claimedAt": s.get("claimedAt"),
                 },
                 {
-                    "$set": {"status": Status.PENDING.value, "token": tokens[s["bucket"]]},
+                    # recovered: an attempt of it was in flight when its
+                    # round ended unfinished, and may have been published.
+                    "$set": {
+                        "status": Status.PENDING.value,
+                        "token": tokens[s["bucket"]],
+                        "recovered": True,
+                    },
                     "$inc": {"version": 1},
                 },
             )
@@ -675,6 +711,21 @@ class ScheduleStore:
             "token": claimed.token,
             "error": completion.error,
         }
+
+
+def _left_behind(doc: dict[str, Any], token: int, stranded_before: datetime | None) -> bool:
+    """An IN_FLIGHT schedule no round of the holder of ``token`` is working:
+    claimed under an older token, or under this one before ``stranded_before``."""
+    held = int(doc.get("token", 0))
+    if held < token:
+        return True
+    claimed_at = doc.get("claimedAt")
+    return (
+        held == token
+        and stranded_before is not None
+        and claimed_at is not None
+        and aware(claimed_at) < stranded_before
+    )
 
 
 def _check_version(doc: dict[str, Any], if_match: int | None) -> None:

@@ -1,6 +1,6 @@
-"""Whether a tenant may add these schedules now: its allowed topics, the
-broker's knowledge of the topic, its rate and its pending cap (``quotas.py``),
-checked in that order. Every new
+"""Whether a tenant may add these schedules now: its allowed topics, its
+rate and its pending cap (``quotas.py``), and the broker's knowledge of the
+topic, checked in that order. Every new
 schedule goes through here, one at a time or a batch at once, and each gets
 its own answer, so one refused item of a batch does not refuse the others.
 """
@@ -24,6 +24,8 @@ RECENT_TENANT_SECONDS = 24 * 3600.0
 # refused may be created meanwhile.
 TOPIC_KNOWN_SECONDS = 300.0
 TOPIC_UNKNOWN_SECONDS = 5.0
+# Topics one call may ask the broker about (see ``Admission.check``).
+NEW_TOPICS_PER_CALL = 16
 
 # Whether the broker has a topic or creates it on first use: True, False
 # when it answered that it does not, None when it could not be asked (a
@@ -51,54 +53,88 @@ class Admission:
         self.recent_tenants: dict[str, float] = {}
 
     async def check(self, schedules: Sequence[NewSchedule]) -> list[SchedulerError | None]:
-        """One answer per schedule: None to go ahead, else the refusal."""
+        """One answer per schedule: None to go ahead, else the refusal.
+
+        The broker is asked about a topic last, for what the tenant's
+        prefixes, rate and pending cap let through: asking it may create the
+        topic (a broker that creates topics on first use does so for a
+        metadata request), so a refused schedule must never cost one. And
+        one call asks about at most NEW_TOPICS_PER_CALL topics the broker
+        has not been asked about lately: the rest of that call's new topics
+        are refused (429), so one batch cannot make hundreds of topics."""
         answers: list[SchedulerError | None] = [None] * len(schedules)
         by_tenant: dict[str, list[int]] = defaultdict(list)
         for index, new in enumerate(schedules):
             by_tenant[new.tenant].append(index)
         now = self.clock()
+        asked: set[str] = set()
         for name, indexes in by_tenant.items():
             tenant = await self.directory.policy(name)
             allowed = []
             for index in indexes:
                 topic = schedules[index].topic
-                if not tenant.allows_topic(topic):
+                if tenant.allows_topic(topic):
+                    allowed.append(index)
+                else:
                     answers[index] = TopicNotAllowed(
                         f"tenant {name!r} may publish only to topics starting with "
                         + ", ".join(repr(p) for p in tenant.topic_prefixes),
                         "topic",
                     )
-                elif not await self._topic_known(topic, now):
-                    answers[index] = UnknownTopic(
-                        f"topic {topic!r} does not exist and the broker does not create "
-                        "topics: create it first",
-                        "topic",
-                    )
-                else:
-                    allowed.append(index)
             admitted, retry_after = self.rates.admit(tenant, len(allowed), now, self.alive_nodes())
             for index in allowed[admitted:]:
                 answers[index] = RateLimited(
                     f"tenant {name!r} is over its rate of {tenant.rate:g} schedules/s",
                     retry_after=retry_after,
                 )
+            allowed = allowed[:admitted]
             room = await self.pending.room(tenant, now)
-            if room is None:
-                continue
-            for index in allowed[:admitted][room:]:
-                answers[index] = QuotaExceeded(
-                    f"tenant {name!r} has its maximum of {tenant.max_pending} pending schedules",
-                    # Room appears as schedules fire or are cancelled: no useful hint.
+            if room is not None:
+                for index in allowed[room:]:
+                    answers[index] = QuotaExceeded(
+                        f"tenant {name!r} has its maximum of {tenant.max_pending} "
+                        "pending schedules",
+                        # Room appears as schedules fire or are cancelled: no useful hint.
+                        retry_after=1,
+                    )
+                allowed = allowed[:room]
+            for index in allowed:
+                answers[index] = await self._topic_refusal(schedules[index].topic, now, asked)
+        return answers
+
+    async def _topic_refusal(
+        self, topic: str, now: float, asked: set[str]
+    ) -> SchedulerError | None:
+        """Why ``topic`` is refused, if the broker says it does not have it
+        (``asked``: the topics this call has asked the broker about)."""
+        if self._cached(topic, now) is None and topic not in asked:
+            if len(asked) >= NEW_TOPICS_PER_CALL:
+                return RateLimited(
+                    f"one call may name at most {NEW_TOPICS_PER_CALL} topics the node has not "
+                    "seen lately; send the rest again",
+                    "topic",
                     retry_after=1,
                 )
-        return answers
+            asked.add(topic)
+        if await self._topic_known(topic, now):
+            return None
+        return UnknownTopic(
+            f"topic {topic!r} does not exist and the broker does not create topics: "
+            "create it first",
+            "topic",
+        )
+
+    def _cached(self, topic: str, now: float) -> bool | None:
+        """What the broker last said of ``topic``, if that is still trusted."""
+        cached = self._topics.get(topic)
+        return cached[1] if cached is not None and cached[0] > now else None
 
     async def _topic_known(self, topic: str, now: float) -> bool:
         if self.topic_known is None:
             return True
-        cached = self._topics.get(topic)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        cached = self._cached(topic, now)
+        if cached is not None:
+            return cached
         known = await self.topic_known(topic)
         if known is None:
             return True  # the broker did not answer: accept, the schedule waits for it

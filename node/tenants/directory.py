@@ -1,19 +1,34 @@
 """Keys and policies as every API call needs them: a cache of a few seconds
 over the store, so authenticating a call costs no store round trip; a
 revoked key or a changed quota takes effect within that time on every node.
+
+Keys that exist and keys that do not are cached apart, so a flood of
+made-up keys can neither evict the good ones nor cost the store more than a
+fixed number of lookups a second.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from node.errors import RateLimited
 from node.tenants.model import Tenant, key_digest, unlimited
+from node.tenants.quotas import TokenBucket
 
 CACHE_SECONDS = 5.0
 # Unknown keys are remembered too, briefly, so guessing keys costs the store nothing.
 UNKNOWN_KEY_CACHE_SECONDS = 1.0
+# At most this many unknown keys are remembered (the least recently seen go
+# first). Known keys are kept apart: made-up keys can never push a good one out.
+UNKNOWN_KEYS_KEPT = 10_000
+# Store lookups of keys this node has never seen, per second (and at once):
+# a flood of made-up keys costs the store at most this, and a caller with a
+# genuinely new key during one is told to try again (429), not refused.
+NEW_KEY_LOOKUPS_PER_SECOND = 20.0
+NEW_KEY_LOOKUP_BURST = 50.0
 
 
 class TenantSource(Protocol):
@@ -32,23 +47,47 @@ class TenantDirectory:
     def __init__(self, store: TenantSource, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.clock = clock
-        self._by_key: dict[str, tuple[float, Tenant | None]] = {}
+        # Keys that exist (or existed): as many as were ever issued, no more.
+        self._known: dict[str, tuple[float, Tenant]] = {}
+        # Digests of keys the store did not know, least recently seen first.
+        self._unknown: OrderedDict[str, float] = OrderedDict()
+        self._new_keys = TokenBucket(
+            NEW_KEY_LOOKUPS_PER_SECOND, NEW_KEY_LOOKUP_BURST, NEW_KEY_LOOKUP_BURST, clock()
+        )
         self._by_name: dict[str, tuple[float, Tenant]] = {}
         self._names: tuple[float, list[str]] | None = None
 
     async def authenticate(self, key: str) -> Tenant | None:
+        """The tenant of ``key``, None for an unknown or revoked one. Raises
+        RateLimited when the key is new to this node and too many new keys
+        are being looked up at once (a guessing flood)."""
         digest = key_digest(key)
         now = self.clock()
-        cached = self._by_key.get(digest)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        known = self._known.get(digest)
+        if known is not None and known[0] > now:
+            return known[1]
+        if known is None:
+            unknown_until = self._unknown.get(digest)
+            if unknown_until is not None and unknown_until > now:
+                self._unknown.move_to_end(digest)
+                return None
+            taken, retry_after = self._new_keys.take(1, now)
+            if not taken:
+                raise RateLimited(
+                    "too many unknown API keys are being tried on this node; try again",
+                    retry_after=retry_after,
+                )
         tenant = await self.store.tenant_for_key(key)
-        ttl = CACHE_SECONDS if tenant is not None else UNKNOWN_KEY_CACHE_SECONDS
-        if len(self._by_key) > 10_000:  # a flood of made-up keys must not grow this forever
-            self._by_key.clear()
-        self._by_key[digest] = (now + ttl, tenant)
-        if tenant is not None:
-            self._by_name[tenant.name] = (now + CACHE_SECONDS, tenant)
+        if tenant is None:
+            self._known.pop(digest, None)  # revoked
+            self._unknown[digest] = now + UNKNOWN_KEY_CACHE_SECONDS
+            self._unknown.move_to_end(digest)
+            while len(self._unknown) > UNKNOWN_KEYS_KEPT:
+                self._unknown.popitem(last=False)
+            return None
+        self._unknown.pop(digest, None)
+        self._known[digest] = (now + CACHE_SECONDS, tenant)
+        self._by_name[tenant.name] = (now + CACHE_SECONDS, tenant)
         return tenant
 
     async def names(self) -> list[str]:
