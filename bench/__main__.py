@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    bounds_bench,
     delivery_bench,
     failover_bench,
     fairness_bench,
@@ -49,6 +50,7 @@ SUITES = {
     "indexes": Suite(index_bench.measure, index_bench.render),
     "failover": Suite(failover_bench.measure, failover_bench.render),
     "fairness": Suite(fairness_bench.measure, fairness_bench.render),
+    "bounds": Suite(bounds_bench.measure, bounds_bench.render),
 }
 
 

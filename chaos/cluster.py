@@ -91,6 +91,11 @@ class LocalCluster:
         # cluster whose caller chose neither signs with a key of its own.
         if not self.env.get("CLUSTER_KEYS") and self.env.get("GOSSIP_UNSIGNED") != "on":
             self.env["CLUSTER_KEYS"] = base64.b64encode(secrets.token_bytes(32)).decode()
+        # The load is one tenant doing the work of many (tens of calls a
+        # second, and every verb's outcome read back after the run): it gets
+        # the read budget such a tenant would be given (tenants set
+        # --read-budget), unless the caller chose one.
+        self.env.setdefault("READ_BUDGET", "10")
         self.network = network
         # (MongoDB URI, Kafka bootstrap) of servers someone else runs: nothing
         # to start, crash or pause, and a database of this run's own.

@@ -52,6 +52,19 @@ def _parse_seconds(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def _parse_float(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"must be a number, got {text!r}") from None
+        if not low <= value <= high:  # NaN too
+            raise ValueError(f"must be between {low:g} and {high:g}, got {value:g}")
+        return value
+
+    return parse
+
+
 def _parse_host_port(text: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
@@ -263,6 +276,47 @@ SETTINGS: tuple[Setting, ...] = (
         # forever. Lease writes get the lease's term instead, when shorter.
         help="longest a store call may take (client-side operation timeout); an API call "
         "past it answers 503 with Retry-After",
+    ),
+    Setting(
+        attr="api_pool_size",
+        env="API_POOL_SIZE",
+        flag="--api-pool-size",
+        default="16",
+        parse=_parse_int(1, 1000),
+        # The API's calls to the store go through a pool of their own: the
+        # owner's work (lease renewals, the store probe, due reads, claims
+        # and marks) has the other, and never waits behind a flood of reads.
+        help="connections the API's store calls may hold at once (the owner's work has a "
+        "pool of its own)",
+    ),
+    Setting(
+        attr="read_timeout",
+        env="READ_TIMEOUT",
+        flag="--read-timeout",
+        default="2",
+        parse=_parse_seconds(0.05, 120),
+        # A listing that finds its page in an index range takes milliseconds
+        # on MongoDB; one that would scan for long (a rare status in a large
+        # tenant, counts of a large range) is stopped by the server instead
+        # of holding it while the owners wait (node/store/schedules.py). Not
+        # shorter: the embedded store reads a tenant of 20,000 in 0.6 s.
+        help="longest a read of many schedules (a listing page, its counts, a bulk cancel's "
+        "selection) may run in the store before the server stops it (503 read_timeout: "
+        "narrow it, or retry)",
+    ),
+    Setting(
+        attr="read_budget",
+        env="READ_BUDGET",
+        flag="--read-budget",
+        default="0.2",
+        parse=_parse_float(0.001, 1000),
+        # The store's time is what a read flood takes from delivery: one
+        # tenant's API calls may keep it busy this share of the time (a
+        # listing that finds its page at once costs little, one that scans
+        # a large tenant what the scan took). node/tenants/reads.py.
+        help="seconds of store time a second one tenant's API calls may take (every call but "
+        "a create is charged its store calls' time), cluster-wide, each node granting its "
+        "share; 429 above. A tenant's own (tenants set --read-budget) wins",
     ),
     Setting(
         attr="unhealthy_after",
@@ -516,6 +570,9 @@ class NodeConfig:
     mongo_uri: str
     mongo_database: str
     store_timeout: float = 5.0
+    api_pool_size: int = 16
+    read_timeout: float = 2.0
+    read_budget: float = 0.2
     unhealthy_after: float = 300.0
     kafka_bootstrap: tuple[str, ...]
     kafka_idempotence: str = "auto"

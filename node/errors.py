@@ -79,6 +79,10 @@ class PayloadTooLarge(ValidationFailed, code="payload_too_large", status_hint=41
     """A payload or a whole body over its limit."""
 
 
+class BodyTooSlow(ValidationFailed, code="request_timeout", status_hint=408):
+    """The body did not arrive within the time a body may take."""
+
+
 class Unauthorized(SchedulerError, code="unauthorized", status_hint=401):
     """No API key, or an unknown or revoked one."""
 
@@ -145,9 +149,19 @@ class StoreUnavailable(SchedulerError, code="store_unavailable", status_hint=503
         return f"{self.message} ({type(cause).__name__}: {cause})" if cause else self.message
 
 
+class ReadTimedOut(SchedulerError, code="read_timeout", status_hint=503, retriable=True):
+    """A read of many schedules took longer than READ_TIMEOUT and was stopped
+    (by the server, maxTimeMS): nothing changed; narrow it, or retry."""
+
+
 class StoreBusy(SchedulerError, code="store_busy", status_hint=503, retriable=True):
     """The store is answering too slowly to take more now: writes already
     waiting fill the queue. Nothing was written; retry after the hint."""
+
+
+class NodeBusy(SchedulerError, code="busy", status_hint=503, retriable=True):
+    """This node is taking in as many large bodies as it allows at once (its
+    memory is bounded by them); another node, or this one a moment later, will."""
 
 
 class BrokerUnavailable(SchedulerError, code="broker_unavailable", retriable=True):

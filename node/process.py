@@ -54,6 +54,7 @@ from node.store.tenants import TenantStore
 from node.tenants.admission import Admission
 from node.tenants.directory import TenantDirectory
 from node.tenants.quotas import PendingQuota
+from node.tenants.reads import TenantReads
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger("node.process")
@@ -96,13 +97,13 @@ class Node:
         self.config = config
         self.phase = Phase.CREATED
         self.metrics = NodeMetrics()
-        self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            config.mongo_uri,
-            tz_aware=True,
-            serverSelectionTimeoutMS=5000,
-            # Every call has a deadline: a hung store is a 503, not a wait.
-            timeoutMS=int(config.store_timeout * 1000),
-            appname=f"scheduler/{config.node_id}",
+        # Two clients, two connection pools: the owner's work (leases, due
+        # reads, claims, marks, the store's clock, which is also the probe of
+        # reaching the store) never queues behind the API's reads, however
+        # many a flood of listings holds (README, "Bounds").
+        self.client: AsyncMongoClient[dict[str, Any]] = self._mongo_client("work")
+        self.api_client: AsyncMongoClient[dict[str, Any]] = self._mongo_client(
+            "api", maxPoolSize=config.api_pool_size
         )
         database = self.client[config.mongo_database]
         unfenced = config.chaos_mode == "unfenced"
@@ -116,13 +117,22 @@ class Node:
             horizon=timedelta(seconds=config.horizon),
             retry=retry,
         )
+        api_database = self.api_client[config.mongo_database]
+        # The API's schedules (ApiContext.store), and the owner's (the poller's).
         self.store = ScheduleStore(
+            api_database,
+            config.buckets,
+            unfenced=unfenced,
+            retention=timedelta(seconds=config.retention),
+            read_timeout=config.read_timeout,
+        )
+        self.delivery_store = ScheduleStore(
             database,
             config.buckets,
             unfenced=unfenced,
             retention=timedelta(seconds=config.retention),
         )
-        self.metrics.watch_reads(self.store.documents_read)
+        self.metrics.watch_reads(self.delivery_store.documents_read)
         self.stalls = StallMeter()
         self.metrics.watch_stalls(self.stalls)
         # A lease write lost in a database crash could move a token backwards
@@ -137,7 +147,7 @@ class Node:
             unfenced=unfenced,
         )
         self.metrics.watch_leases(self.leases)
-        self.tenants = TenantStore(database)
+        self.tenants = TenantStore(api_database)
         self.directory = TenantDirectory(self.tenants)
         self.admission = Admission(
             self.directory,
@@ -145,10 +155,15 @@ class Node:
             alive_nodes=lambda: len(self._alive_members()),
             topic_known=lambda topic: self.publisher.topic_known(topic),
         )
+        self.reads = TenantReads(
+            self.directory,
+            default_rate=config.read_budget,
+            alive_nodes=lambda: len(self._alive_members()),
+        )
         if config.chaos_mode != "off" and config.chaos_clock_skew:
             skew_wall_clock(config.chaos_clock_skew)
         # The store's clock decides what is due, whatever this host's says.
-        self.clock = StoreClock(self.store.server_time)
+        self.clock = StoreClock(self.delivery_store.server_time)
         self.metrics.watch_clock(self.clock)
         # Reading it is also the probe of whether this node reaches the store:
         # without it for a lease's term, the node's leases have lapsed and it
@@ -168,16 +183,16 @@ class Node:
             idempotence=config.kafka_idempotence,
             clock=self.clock.now,
         )
-        self.history = HistoryStore(
-            database["history"],
-            retention=timedelta(seconds=config.history_retention),
-            cap=config.history_per_schedule,
-        )
+        kept = timedelta(seconds=config.history_retention)
+        cap = config.history_per_schedule
+        self.history = HistoryStore(api_database["history"], retention=kept, cap=cap)  # the API's
         self.history_writer = (
-            HistoryWriter(self.history, self.metrics) if config.history_retention > 0 else None
+            HistoryWriter(HistoryStore(database["history"], retention=kept, cap=cap), self.metrics)
+            if config.history_retention > 0
+            else None
         )
         self.poller = BucketPoller(
-            self.store,
+            self.delivery_store,
             self.leases,
             self.publisher,
             self.metrics,
@@ -222,6 +237,17 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_task: asyncio.Task[None] | None = None
         self._clock_task: asyncio.Task[None] | None = None
+
+    def _mongo_client(self, role: str, **options: Any) -> AsyncMongoClient[dict[str, Any]]:
+        return AsyncMongoClient(
+            self.config.mongo_uri,
+            tz_aware=True,
+            serverSelectionTimeoutMS=5000,
+            # Every call has a deadline: a hung store is a 503, not a wait.
+            timeoutMS=int(self.config.store_timeout * 1000),
+            appname=f"scheduler/{self.config.node_id}/{role}",
+            **options,
+        )
 
     @property
     def state(self) -> str:
@@ -492,6 +518,7 @@ class Node:
             await self.history_writer.close()
         await self.publisher.stop()
         await self.client.close()
+        await self.api_client.close()
         for task in (self._stall_task, self._clock_task):
             if task is not None:
                 task.cancel()
@@ -553,6 +580,7 @@ async def serve(config: NodeConfig) -> int:
     except CannotStart as exc:
         log.error("refusing to start", error=str(exc))
         await node.client.close()
+        await node.api_client.close()
         return 2
     if started:
         await stopping.wait()

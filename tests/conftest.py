@@ -117,6 +117,9 @@ def make_config(
         "log_level": "warning",
         "auth": "off",
         "cluster_keys": TEST_CLUSTER_KEY,
+        # Tests poll and list as fast as they like, as one tenant: the read
+        # budget is tests/test_reads.py's to exercise, at its own settings.
+        "read_budget": "100",
     }
     flags.update(overrides)
     return node_config.load(flags, environ={})

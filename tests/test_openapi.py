@@ -265,7 +265,7 @@ async def test_every_documented_list_filter_and_cancel_field_is_taken(
     }
     examples = {
         "tenant": "default", "status": "PENDING", "limit": "1", "label": "team=a",
-        "topic": "doc-filters", "key": "k", "counts": "true", **window,
+        "topic": "doc-filters", "key": "k", "counts": "true", "view": "full", **window,
     }  # fmt: skip
     parameters = document()["paths"]["/v1/schedules"]["get"]["parameters"]
     assert {p["name"] for p in parameters} == {*examples, "after"}

@@ -133,6 +133,7 @@ async def crash(handle: NodeHandle) -> None:
     await node.membership.stop()
     await node.publisher.stop()
     await node.client.close()
+    await node.api_client.close()
     node.phase = Phase.STOPPED
 
 

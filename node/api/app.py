@@ -23,7 +23,8 @@ from aiohttp import web
 from node.api import cluster, schedules
 from node.api.auth import CALLER, identify
 from node.api.context import CONTEXT, ApiContext, json_response
-from node.api.inputs import BODY_LEFT
+from node.api.counting import ListingCounts
+from node.api.inputs import BODY_GATE, BODY_LEFT, BodyGate
 from node.errors import SchedulerError, StoreUnavailable, Unauthorized
 
 log = structlog.get_logger("node.api")
@@ -99,6 +100,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         log.exception("unexpected error", method=request.method, route=route)
         return internal_error()
     finally:
+        request.app[BODY_GATE].leave(request)
         context.metrics.http_requests.labels(route, request.method, str(status)).inc()
 
 
@@ -118,6 +120,8 @@ def build_app(context: ApiContext) -> web.Application:
         ),
     )
     app[CONTEXT] = context
+    app[BODY_GATE] = BodyGate()
+    app[schedules.LISTING_COUNTS] = ListingCounts()
     app[cluster.BACKLOG] = cluster.Backlog()
     app[cluster.COUNTS] = cluster.StatusCounts()
     app.router.add_routes(schedules.routes)

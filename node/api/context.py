@@ -24,6 +24,7 @@ from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from node.tenants.admission import Admission
 from node.tenants.directory import TenantDirectory
+from node.tenants.reads import TenantReads
 
 
 class Wakes(Protocol):
@@ -68,6 +69,7 @@ class ApiContext(Protocol):
     lease_store: LeaseStore  # every bucket's lease as stored (the cluster view reads it)
     admission: Admission  # tenants' topics, rates and pending caps
     directory: TenantDirectory  # API keys and tenants' policies (cached)
+    reads: TenantReads  # what each tenant's calls may read of the store
 
     @property
     def wakes(self) -> Wakes: ...

@@ -5,13 +5,14 @@ it arrives, and its parameters. Whatever a client sends, the answer is a
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from node.errors import PayloadTooLarge, ValidationFailed
+from node.errors import BodyTooSlow, NodeBusy, PayloadTooLarge, ValidationFailed
 from node.schedule.parse import parse_json
 
 # A page size, in ASCII digits (str.isdigit() also takes "²", which int() refuses).
@@ -19,21 +20,74 @@ _PAGE_SIZE = re.compile(r"[0-9]{1,4}")
 # Set when a body was refused unread, or could not be read: the answer then
 # closes the connection (app.py), whose stream is not at a request's start.
 BODY_LEFT: web.RequestKey[bool] = web.RequestKey("body_left")
+# A body past this size is a large one: a node takes in at most
+# MAX_LARGE_BODIES of them at once, each held (with what it parses to)
+# until its answer is sent, so their memory has a bound (README, "Bounds").
+LARGE_BODY_BYTES = 1024 * 1024
+MAX_LARGE_BODIES = 2
+# How long a large body waits for its turn before the answer is a 503.
+LARGE_BODY_WAIT = 5.0
+# The longest a body may take to arrive, from the first byte read.
+BODY_SECONDS = 30.0
+
+
+class BodyGate:
+    """The large bodies a node takes in at once (one per app)."""
+
+    def __init__(self, slots: int = MAX_LARGE_BODIES) -> None:
+        self._slots = asyncio.Semaphore(slots)
+
+    async def enter(self, request: web.Request) -> None:
+        """Hold a slot for ``request`` until ``leave``; 503 when none frees
+        up within LARGE_BODY_WAIT."""
+        if request.get(HOLDS_SLOT):
+            return
+        try:
+            await asyncio.wait_for(self._slots.acquire(), LARGE_BODY_WAIT)
+        except TimeoutError:
+            request[BODY_LEFT] = True
+            raise NodeBusy(
+                f"this node is taking in {MAX_LARGE_BODIES} large bodies already; "
+                "retry, or call another node",
+                retry_after=1,
+            ) from None
+        request[HOLDS_SLOT] = True
+
+    def leave(self, request: web.Request) -> None:
+        """The request's answer is out: its slot, if it held one, is free."""
+        if request.get(HOLDS_SLOT):
+            request[HOLDS_SLOT] = False
+            self._slots.release()
+
+
+BODY_GATE: web.AppKey[BodyGate] = web.AppKey("body_gate")
+HOLDS_SLOT: web.RequestKey[bool] = web.RequestKey("holds_large_body_slot")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The body, at most ``limit`` bytes (decompressed, if it came encoded);
-    413 past that, checked as it arrives, not once it is all in memory."""
+    413 past that, checked as it arrives, not once it is all in memory; a
+    large one only in its turn (``BodyGate``), and none slower than
+    BODY_SECONDS (408)."""
     if request.content_length is not None and request.content_length > limit:
         request[BODY_LEFT] = True
         raise PayloadTooLarge(f"request body over {limit} bytes")
+    gate = request.app[BODY_GATE]
+    if request.content_length is not None and request.content_length > LARGE_BODY_BYTES:
+        await gate.enter(request)
     body = bytearray()
     try:
-        async for chunk in request.content.iter_any():
-            body += chunk
-            if len(body) > limit:  # chunked (or compressed): no length was announced
-                request[BODY_LEFT] = True
-                raise PayloadTooLarge(f"request body over {limit} bytes")
+        async with asyncio.timeout(BODY_SECONDS):
+            async for chunk in request.content.iter_any():
+                body += chunk
+                if len(body) > limit:  # chunked (or compressed): no length was announced
+                    request[BODY_LEFT] = True
+                    raise PayloadTooLarge(f"request body over {limit} bytes")
+                if len(body) > LARGE_BODY_BYTES:
+                    await gate.enter(request)
+    except TimeoutError:
+        request[BODY_LEFT] = True
+        raise BodyTooSlow(f"the body did not arrive within {BODY_SECONDS:g} s") from None
     except (HttpProcessingError, web.RequestPayloadError) as exc:
         request[BODY_LEFT] = True
         # bad chunked framing, a Content-Encoding the body is not in, a bomb

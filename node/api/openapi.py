@@ -25,7 +25,8 @@ from node.schedule.parse import MAX_DEPTH, MAX_EXPIRE_AFTER
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
-    "payload_too_large",  # 413
+    "payload_too_large",  # 413: over a byte limit, or more JSON values than a body may hold
+    "request_timeout",  # 408: the body did not arrive in time
     "not_found",  # 404: no such schedule, or no such route
     "method_not_allowed",  # 405
     "conflict",  # 409: same id with another body; drain when not running
@@ -41,6 +42,8 @@ ERROR_CODES = (
     "quota_exceeded",  # 429: the tenant has its maximum of PENDING schedules
     "store_unavailable",  # 503: MongoDB did not answer; retry
     "store_busy",  # 503: MongoDB answers too slowly to take more now; Retry-After
+    "busy",  # 503: the node takes in as many large bodies as it allows at once; Retry-After
+    "read_timeout",  # 503: a listing, its counts or a bulk cancel ran past READ_TIMEOUT
     "internal",  # 500: a fault of the node's own (a bug); its log has the traceback
     "http_error",  # any other refusal by the HTTP server itself
 )
@@ -81,6 +84,11 @@ _DURATION = {
 _NO_NUL = "^[^\\x00]*$"
 _TOPIC = {"type": "string", "pattern": TOPIC_PATTERN.pattern, "not": {"enum": [".", ".."]}}
 _STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
+# The routes that scan a tenant's schedules are charged to its read budget.
+_READ_BUDGET = {
+    "429": _error("Over the tenant's read budget, or a scan of its already under way "
+                  "(rate_limited, with Retry-After)"),
+}  # fmt: skip
 _TENANT = {
     "name": "tenant",
     "in": "query",
@@ -570,6 +578,13 @@ PATHS: dict[str, Any] = {
                     "description": "due (executeAt) before this time",
                 },
                 {
+                    "name": "view",
+                    "in": "query",
+                    "schema": {"type": "string", "enum": ["basic", "full"], "default": "basic"},
+                    "description": "basic: no payloads (payloadBytes says their size); full: "
+                    "with payloads, the page ending where they reach 4 MiB (next goes on)",
+                },
+                {
                     "name": "counts",
                     "in": "query",
                     "schema": {"type": "boolean", "default": False},
@@ -588,9 +603,16 @@ PATHS: dict[str, Any] = {
                             "counts": {
                                 "type": "object",
                                 "description": "counts=true: schedules per status, over "
-                                "the same filters but status",
+                                "the same filters but status, each counted up to 1,000 "
+                                "(kept for 10 s on each node)",
                                 "properties": {s.value: {"type": "integer"} for s in Status},
                                 "additionalProperties": False,
+                            },
+                            "countsCapped": {
+                                "type": "array",
+                                "items": {"type": "string", "enum": [s.value for s in Status]},
+                                "description": "the statuses counted only up to the limit: "
+                                "at least that many",
                             },
                         },
                     },
@@ -598,6 +620,7 @@ PATHS: dict[str, Any] = {
                 ),
                 "400": _error("Bad query parameter (invalid_request)"),
                 "403": _error("Another tenant's list (forbidden)"),
+                **_READ_BUDGET,
                 **_STORE_DOWN,
             },
         },
@@ -662,6 +685,7 @@ PATHS: dict[str, Any] = {
                 "400": _error("Invalid body (invalid_request)"),
                 "403": _error("Another tenant named (forbidden)"),
                 "413": _error("Body over the limit (payload_too_large)"),
+                **_READ_BUDGET,
                 **_STORE_DOWN,
             },
         },

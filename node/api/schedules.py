@@ -24,6 +24,7 @@ from aiohttp import web
 
 from node.api.auth import CALLER, Caller
 from node.api.context import CONTEXT, ApiContext, json_response
+from node.api.counting import ListingCounts
 from node.api.inputs import no_body, page_size, read_body, read_json, unknown_parameters
 from node.api.views import delivered_record, public_record, public_view
 from node.errors import (
@@ -62,9 +63,15 @@ log = structlog.get_logger("node.api.schedules")
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
+# A listing's full view (with payloads) ends its page where the payloads
+# reach this many bytes, whatever the limit: its answer stays a few
+# megabytes (200 schedules of 256 KiB were a 70 MB answer before).
+MAX_PAGE_PAYLOAD_BYTES = 4 * 1024 * 1024
 # Room for the JSON around the payload and for base64's 4/3 expansion.
 BODY_OVERHEAD = 64 * 1024
 MAX_BATCH = 1000
+# A batch's items are validated this many at a time between event-loop turns.
+YIELD_EVERY = 50
 BATCH_BODY_LIMIT = 16 * 1024 * 1024
 # A selector is a few short fields.
 SELECTOR_BODY_LIMIT = 16 * 1024
@@ -79,6 +86,7 @@ def body_limit(max_payload_bytes: int) -> int:
 
 
 routes = web.RouteTableDef()
+LISTING_COUNTS: web.AppKey[ListingCounts] = web.AppKey("listing_counts")
 
 
 def _caller(request: web.Request) -> Caller:
@@ -132,6 +140,10 @@ async def create_batch(request: web.Request) -> web.Response:
     results: list[dict[str, Any]] = [{} for _ in items]
     parsed: list[tuple[int, NewSchedule]] = []
     for index, item in enumerate(items):
+        if index and not index % YIELD_EVERY:
+            # Validating 1,000 large schedules is CPU work: let the event loop
+            # run in between (renewals, probes and other calls wait on it).
+            await asyncio.sleep(0)
         try:
             parsed.append((index, parse_schedule_object(item, context.limits, now, scope)))
         except SchedulerError as exc:
@@ -351,7 +363,8 @@ async def cancel_selected(request: web.Request) -> web.Response:
     selector = Selector(
         labels=tuple(label_pairs(labels)), key=key, id_prefix=id_prefix, due_before=due_before
     )
-    cancelled, more = await context.store.cancel_matching(tenant, selector, context.now())
+    async with context.reads.reading(tenant):
+        cancelled, more = await context.store.cancel_matching(tenant, selector, context.now())
     context.metrics.schedules_cancelled.inc(cancelled)
     log.info("schedules cancelled by selector", tenant=tenant, cancelled=cancelled, more=more)
     return json_response({"cancelled": cancelled, "more": more})
@@ -396,6 +409,7 @@ _LIST_PARAMETERS = frozenset(
         "dueAfter",
         "dueBefore",
         "counts",
+        "view",
     }
 )
 
@@ -423,9 +437,12 @@ async def list_schedules(request: web.Request) -> web.Response:
     counts = query.get("counts", "false")
     if counts not in {"true", "false"}:
         raise ValidationFailed("counts must be true or false", "counts")
+    view = query.get("view", "basic")
+    if view not in {"basic", "full"}:
+        raise ValidationFailed("view must be basic (no payloads) or full", "view")
     listing = Listing(
         tenant=tenant,
-        limit=limit + 1,
+        limit=limit,
         status=status,
         labels=_label_filter(query.getall("label", [])),
         topic=validate_topic(query["topic"]) if "topic" in query else None,
@@ -435,14 +452,18 @@ async def list_schedules(request: web.Request) -> web.Response:
     )
     if "after" in query:
         listing = dataclasses.replace(listing, after=_decode_cursor(query["after"], listing.by_due))
-    docs = await context.store.list_page(listing)
-    page, more = docs[:limit], len(docs) > limit
+    async with context.reads.reading(tenant):
+        page = await context.store.list_page(
+            listing, payloads=view == "full", max_bytes=MAX_PAGE_PAYLOAD_BYTES
+        )
+        counted = (
+            await request.app[LISTING_COUNTS].get(context, listing) if counts == "true" else {}
+        )
     body: dict[str, Any] = {
-        "schedules": [public_view(d) for d in page],
-        "next": _encode_cursor(page[-1], listing.by_due) if more and page else None,
+        "schedules": [public_view(d) for d in page.docs],
+        "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
+        **counted,
     }
-    if counts == "true":
-        body["counts"] = await context.store.count_by_status(listing)
     return json_response(body)
 
 

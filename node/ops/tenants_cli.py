@@ -32,6 +32,13 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -72,6 +79,13 @@ def _limits(parser: argparse.ArgumentParser) -> None:
         help="allowed topic prefix, repeatable (default: any topic)",
     )
     parser.add_argument("--no-rate", action="store_true", help="remove the rate limit")  # fmt: skip
+    parser.add_argument(
+        "--read-budget",
+        type=_nonnegative_float,
+        default=None,
+        help="seconds of store time a second its API calls may take, cluster-wide (429 "
+        "above; 0: back to the node's READ_BUDGET)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +122,8 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["burst"] = args.burst
     if args.topic_prefixes is not None:
         changes["topic_prefixes"] = tuple(p for p in args.topic_prefixes if p)
+    if args.read_budget is not None:
+        changes["read_budget"] = args.read_budget or None
     return changes
 
 

@@ -31,6 +31,14 @@ class Cursor:
     due: datetime | None = None
 
 
+@dataclass(frozen=True)
+class Page:
+    """A page of a listing, and whether more schedules follow it."""
+
+    docs: list[dict[str, Any]]
+    more: bool
+
+
 @dataclass(frozen=True, kw_only=True)
 class Listing:
     tenant: str | None  # None: every tenant (an operator's listing, auth off)
@@ -49,6 +57,11 @@ class Listing:
         return not (self.labels or self.key or self.topic) and (
             self.status is not None or self.due_after is not None or self.due_before is not None
         )
+
+    @property
+    def by_status(self) -> bool:
+        """A tenant's listing by status (and perhaps a due window) alone."""
+        return self.by_due and self.tenant is not None and self.status is not None
 
     @property
     def index(self) -> str | None:

@@ -34,6 +34,9 @@ class Tenant:
     rate: float | None = None  # schedules accepted per second, cluster-wide
     burst: int | None = None  # schedules accepted at once above the rate
     topic_prefixes: tuple[str, ...] = ()  # empty: any topic
+    # Seconds of store time a second its API calls may take, cluster-wide
+    # (node/tenants/reads.py); None: the node's READ_BUDGET.
+    read_budget: float | None = None
 
     def allows_topic(self, topic: str) -> bool:
         return not self.topic_prefixes or topic.startswith(self.topic_prefixes)
@@ -53,6 +56,7 @@ class Tenant:
             "rate": self.rate,
             "burst": self.burst,
             "topicPrefixes": list(self.topic_prefixes),
+            "readBudget": self.read_budget,
         }
 
     def to_document(self, now: datetime) -> dict[str, Any]:
@@ -67,6 +71,7 @@ class Tenant:
             rate=doc.get("rate"),
             burst=doc.get("burst"),
             topic_prefixes=tuple(doc.get("topicPrefixes") or ()),
+            read_budget=doc.get("readBudget"),
         )
 
     def to_view(self) -> dict[str, Any]:
@@ -77,6 +82,7 @@ class Tenant:
             "rate": self.rate,
             "burst": self.burst,
             "topicPrefixes": list(self.topic_prefixes),
+            "readBudget": self.read_budget,
         }
 
 
