@@ -91,8 +91,10 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
   intended window is its detection and hand-over (the recovery allowance)
   when other nodes can take its work (a node killed, paused, isolated, cut
   from the store or the broker), and its whole length when nobody can (the
-  database or the broker down for all). A 60 s broker cut of one node left
-  its share a minute late, and only this fails such a run.
+  database or the broker down for all); it opens LATE_OUTSIDE_WINDOWS
+  before the fault (a unit due earlier and that late was late before the
+  fault hit). A 60 s broker cut of one node left its share a minute late,
+  and only this fails such a run.
 
 A recurring schedule is judged occurrence by occurrence: each is a unit of
 its own, ``<id>@<execute-at>``, expected once like a one-shot schedule (so a

@@ -1150,9 +1150,14 @@ class Run:
                 # What the fault is meant to cost: while it lasts when nobody
                 # can do the work (the servers down for all), else the time
                 # the others take to take the work over.
+                # It opens LATE_OUTSIDE_WINDOWS before the fault: a unit due
+                # less than that before may still be in flight when it hits
+                # (a round of the embedded store can take seconds) without
+                # being that late yet, and then the fault is what makes it so.
                 lasting = event["lasting"] if event["do"] in CLUSTER_FAULTS else 0.0
+                opens = self._started + event["at"] - LATE_OUTSIDE_WINDOWS
                 intended.append(
-                    Window(event["step"], start, start + 1.0 + lasting + RECOVERY_ALLOWANCE)
+                    Window(event["step"], opens, start + 1.0 + lasting + RECOVERY_ALLOWANCE)
                 )
             # The broker stalling on its own, as most nodes saw it.
             intended += broker_stalls(self.samples, self._started, most=True)

@@ -39,7 +39,7 @@ from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller, longest_round
 from node.delivery.publisher import METADATA_DEADLINE, KafkaPublisher
-from node.delivery.reachability import Reachability, advertised, workers
+from node.delivery.reachability import Reachability, Workers, advertised
 from node.delivery.stalls import StallMeter
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
@@ -177,6 +177,11 @@ class Node:
         # would hold its buckets and publish nothing.
         self.broker_health = Reachability(cut_after=config.lease_ttl, back_after=config.lease_ttl)
         self._probe_every = min(READ_EVERY, config.lease_ttl / 3)
+        # Whom to place the buckets on. A cut counts once it has lasted two
+        # probe intervals while others could work: about the spread of the
+        # moments the nodes notice a server gone for all of them (each probes
+        # on its own phase, then gossips), so such an outage moves nothing.
+        self.workers = Workers(grace=2 * self._probe_every)
         self.publisher = KafkaPublisher(
             config.kafka_bootstrap,
             client_id=config.node_id,
@@ -361,6 +366,8 @@ class Node:
             self.metrics.store_reachable.set(1 if self.store_health.answering else 0)
             if store_changed or broker_changed:
                 self._placeability_changed()
+            elif self.workers.pending():
+                self.ownership.view_changed()  # a cut's grace may have run out
             await asyncio.sleep(self._probe_every)
 
     async def _probe_store(self) -> bool:
@@ -421,7 +428,7 @@ class Node:
         return self.clock.now()
 
     def _alive_members(self) -> dict[str, int]:
-        """The alive members that can work (reachability.workers) -> the
+        """The alive members that can work (reachability.Workers) -> the
         placement version each advertises. Only members that answered this
         node's own probe: one that is merely gossiped about (a forged Alive,
         a ghost) never gets buckets nobody would deliver."""
@@ -432,7 +439,9 @@ class Node:
             for m in self.membership.members()
             if m.state == State.ALIVE and m.answered
         }
-        return {member: parse_version(alive[member].get("placement")) for member in workers(alive)}
+        return {
+            member: parse_version(alive[member].get("placement")) for member in self.workers(alive)
+        }
 
     def _http_address_of(self, member_id: str) -> str | None:
         """Where a member's HTTP API listens, as it advertises in gossip."""

@@ -163,7 +163,7 @@ class Ownership:
 
     def _replace(self) -> None:
         # Ourselves among them unless we cannot work (the process decides:
-        # reachability.workers); alone, until our view has anyone.
+        # reachability.Workers); alone, until our view has anyone.
         members = dict(self.alive_members()) or {self.node_id: PLACEMENT_VERSION}
         view = tuple(sorted(members.items()))
         if view == self._view:

@@ -4,10 +4,11 @@ still answers their probes, so the failure detector keeps it alive and the
 placement keeps giving it buckets: cut from the store it cannot lease them,
 cut from the broker it holds them and publishes nothing (a 60 s broker cut
 of one node of three left its share 60 s late). So a node that has not
-reached either server for a while says so in its gossip metadata, the others
-place the buckets without it (and it places without itself, so it releases
-them at once), and it comes back into the placement once it has reached
-that server steadily again.
+reached either server for a while says so in its gossip metadata, every
+node (itself too, so it releases them at once) places the buckets without
+it once others could do its work for a moment (``Workers``: an outage for
+everyone moves nothing), and it comes back into the placement once it has
+reached that server steadily again.
 
 Both turns wait (hysteresis), so a blip neither moves buckets nor makes
 them flap:
@@ -107,13 +108,74 @@ def advertised(*, store: bool, broker: bool) -> dict[str, str]:
     }
 
 
-def workers(alive: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """The alive members (id -> metadata) to place the buckets on: those
-    that reach both servers. When none does, those that reach the store (a
-    broker down for everyone moves nothing: nobody could publish, and a
-    bucket must stay leased by someone who can hold it); when none reaches
-    the store either, all of them (a store down for everyone moves nothing,
-    and a node that has not yet said so is placed as before)."""
-    able = [m for m, meta in alive.items() if CUT not in (meta.get(STORE), meta.get(BROKER))]
-    leasing = [m for m, meta in alive.items() if meta.get(STORE) != CUT]
-    return able or leasing or list(alive)
+class Workers:
+    """The alive members to place the buckets on: those that reach both
+    servers. When none does, those that reach the store (a broker down for
+    everyone moves nothing: nobody could publish, and a bucket must stay
+    leased by someone who can hold it); when none reaches the store either,
+    all of them (a store down for everyone moves nothing, and a node that has
+    not yet said so is placed as before).
+
+    A cut is acted on only once it has lasted ``grace`` seconds while some
+    other member could do the work. Nodes notice a server gone at different
+    moments (each probes on its own phase, then gossips what it found), so
+    an outage of the server for everyone would otherwise move buckets twice
+    at its start (the first node to notice hands its share to the others,
+    which notice next, and everything comes back) and at its end (the first
+    node to reach the server again would be handed every bucket). A grace
+    as long as that spread moves nothing then; a node cut on its own hands
+    its buckets over ``grace`` later than it could.
+
+    Pure bookkeeping: metadata in (``advertised``), a monotonic clock.
+    """
+
+    def __init__(self, grace: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.grace = grace
+        self.monotonic = monotonic
+        # (member, server) -> when this node first saw that member say it is cut.
+        self._cut_seen: dict[tuple[str, str], float] = {}
+        # Since when some member could do the work a cut member cannot:
+        # reach both servers (for a broker cut), the store (for a store cut).
+        self._since: dict[str, float | None] = {BROKER: None, STORE: None}
+        self._waiting = False
+
+    def __call__(self, alive: Mapping[str, Mapping[str, str]]) -> list[str]:
+        now = self.monotonic()
+        self._cut_seen = {
+            (member, server): self._cut_seen.get((member, server), now)
+            for member, meta in alive.items()
+            for server in (STORE, BROKER)
+            if meta.get(server) == CUT
+        }
+        able = [m for m in alive if not self._is_cut(m, STORE) and not self._is_cut(m, BROKER)]
+        leasing = [m for m in alive if not self._is_cut(m, STORE)]
+        for server, others in ((BROKER, able), (STORE, leasing)):
+            since = self._since[server]
+            self._since[server] = (now if since is None else since) if others else None
+        placed = [
+            m
+            for m in alive
+            if self._left_out_at(m, STORE) > now and self._left_out_at(m, BROKER) > now
+        ]
+        self._waiting = any(
+            self._left_out_at(m, server) < float("inf")
+            for m in placed
+            for server in (STORE, BROKER)
+        )
+        return placed
+
+    def pending(self) -> bool:
+        """Whether the last answer placed a member whose cut will leave it out
+        once its grace runs out (it may have by now): ask again."""
+        return self._waiting
+
+    def _is_cut(self, member: str, server: str) -> bool:
+        return (member, server) in self._cut_seen
+
+    def _left_out_at(self, member: str, server: str) -> float:
+        """When a member's cut from ``server`` leaves it out of the placement
+        (infinity: not cut, or nobody else could do the work)."""
+        seen, since = self._cut_seen.get((member, server)), self._since[server]
+        if seen is None or since is None:
+            return float("inf")
+        return max(seen, since) + self.grace
