@@ -152,13 +152,13 @@ class Node:
         self.admission = Admission(
             self.directory,
             PendingQuota(self.store.count_pending),
-            alive_nodes=lambda: len(self._alive_members()),
+            alive_nodes=self._alive_count,
             topic_known=lambda topic: self.publisher.topic_known(topic),
         )
         self.reads = TenantReads(
             self.directory,
             default_rate=config.read_budget,
-            alive_nodes=lambda: len(self._alive_members()),
+            alive_nodes=self._alive_count,
         )
         if config.chaos_mode != "off" and config.chaos_clock_skew:
             skew_wall_clock(config.chaos_clock_skew)
@@ -427,18 +427,29 @@ class Node:
     def now(self) -> datetime:
         return self.clock.now()
 
-    def _alive_members(self) -> dict[str, int]:
-        """The alive members that can work (reachability.Workers) -> the
-        placement version each advertises. Only members that answered this
+    def _answered(self) -> dict[str, dict[str, str]]:
+        """The alive members (id -> gossip metadata) that answered this
         node's own probe: one that is merely gossiped about (a forged Alive,
-        a ghost) never gets buckets nobody would deliver."""
+        a ghost) never gets buckets nobody would deliver, nor a share."""
         if self.membership is None:
-            return {self.config.node_id: PLACEMENT_VERSION}
-        alive = {
+            return {self.config.node_id: {}}
+        return {
             m.id: dict(m.meta)
             for m in self.membership.members()
             if m.state == State.ALIVE and m.answered
         }
+
+    def _alive_count(self) -> int:
+        """How many nodes grant a share of a tenant's budgets: every alive
+        member, cut from a server or not (a cut node still serves the API)."""
+        return len(self._answered())
+
+    def _alive_members(self) -> dict[str, int]:
+        """The placement's input: the members that can work
+        (reachability.Workers) -> the placement version each advertises.
+        Asked by the placement only: Workers counts a cut's grace between
+        its answers, and says when to ask again (``pending``)."""
+        alive = self._answered()
         return {
             member: parse_version(alive[member].get("placement")) for member in self.workers(alive)
         }

@@ -126,7 +126,8 @@ class Workers:
     as long as that spread moves nothing then; a node cut on its own hands
     its buckets over ``grace`` later than it could.
 
-    Pure bookkeeping: metadata in (``advertised``), a monotonic clock.
+    Pure bookkeeping: metadata in (``advertised``), a monotonic clock. Ask
+    it from one place (the placement): ``pending`` speaks of its last answer.
     """
 
     def __init__(self, grace: float, monotonic: Callable[[], float] = time.monotonic) -> None:
