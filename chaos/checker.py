@@ -39,10 +39,12 @@ told (201s, cancellations) and what Kafka received. Pure: no IO, no clock.
     was reported failed (timed out) though the broker had stored it, or its
     completion write was lost, and it published again on a later attempt;
   - ``across_store_crash``: one (token, attempt), the copies on both sides
-    of a database crash. A claim is acknowledged before it is journaled
-    (losing one only means delivering again; marks are journaled first), so
-    after the crash the owner claims the same schedule again with the same
-    token and attempt number;
+    of a database crash: the first sent before the database came back (a
+    claim acknowledged just before the kill is published as it lands, or
+    while the database is down), a later one after the kill. A claim is
+    acknowledged before it is journaled (losing one only means delivering
+    again; marks are journaled first), so after the crash the owner claims
+    the same schedule again with the same token and attempt number;
   - ``deferred_publish``: one (token, attempt), sent again later (another
     record timestamp), every earlier send inside a broker fault (paused,
     crashed or cut off by the runner, or stalled on its own while the nodes'
@@ -477,7 +479,7 @@ def _one_claim(
         # lost), or a broker fault during every send but the last (the
         # broker's silence spent no attempt: the same claim published again).
         times = sorted(at for at, _ in sends)
-        crash = _first(c for c in store_crashes if times[0] <= c.start <= times[-1])
+        crash = _first(c for c in store_crashes if c.start <= times[-1] and times[0] <= c.end)
         faults = [_first(w for w in broker_faults if w.holds(at)) for at in times[:-1]]
         digests = {digest for _, digest in sends}
         if crash:

@@ -216,6 +216,12 @@ def test_one_claim_across_a_database_crash_is_explained_by_that_crash() -> None:
     assert passed(result)
     assert result["duplicates_by_kind"]["across_store_crash"] == 1
     assert kind_of(result, "c") == ("across_store_crash", "crash the store for 5 s")
+    # Claimed just before the kill, published as it landed (everything,
+    # seed 2: the record stamped 3 ms after the runner sent the kill), or
+    # while the database was down: the crash lost that claim too.
+    landing = [Delivery("c", 5, 1, 101.003, "d1"), Delivery("c", 5, 1, 113.0, "d1")]
+    result = check({"c": 100.0}, set(), landing, store_crashes=[crash])
+    assert kind_of(result, "c") == ("across_store_crash", "crash the store for 5 s")
     # Both copies after the crash: the crash explains neither.
     later = [Delivery("c", 5, 1, 107.0, "d1"), Delivery("c", 5, 1, 108.0, "d1")]
     result = check({"c": 100.0}, set(), later, store_crashes=[crash])
