@@ -53,10 +53,12 @@ HEADER_BYTES = 2
 # incarnation near 2^31 and its four metadata pairs) is 114 bytes on the wire;
 # the largest one the decoder accepts (every field at its limit, 32 metadata
 # pairs of 256 characters) is about 10.7 KB. Allow 1 KiB a member, nine
-# times a node's, for SwimConfig.max_members (4096) members: 4 MiB, which is
-# also what one connection can make the node buffer before the MAC is checked.
+# times a node's, for MAX_MEMBERS (SwimConfig.max_members' ceiling): 4 MiB,
+# which is also what one connection can make the node buffer before the MAC
+# is checked.
+MAX_MEMBERS = 4096
 STREAM_BYTES_PER_MEMBER = 1024
-MAX_STREAM_BYTES = 4096 * STREAM_BYTES_PER_MEMBER
+MAX_STREAM_BYTES = MAX_MEMBERS * STREAM_BYTES_PER_MEMBER
 MAX_STR_BYTES = 1024
 
 
@@ -337,8 +339,8 @@ def _check_channel(packet: Packet, *, stream: bool) -> None:
     exactly that), everything else in datagrams. A PushPull in a datagram
     would make us open a TCP connection to whatever address one unsigned
     datagram names, to send it our whole member table."""
-    exchanges = sum(isinstance(m, PushPull) for m in packet.messages)
-    if stream and (exchanges != 1 or len(packet.messages) != 1):
-        raise DecodeError("channel", "a stream frame carries one push-pull and nothing else")
-    if not stream and exchanges:
+    if stream:
+        if len(packet.messages) != 1 or not isinstance(packet.messages[0], PushPull):
+            raise DecodeError("channel", "a stream frame carries one push-pull and nothing else")
+    elif any(isinstance(m, PushPull) for m in packet.messages):
         raise DecodeError("channel", "a push-pull in a datagram")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from membership.codec import MAX_STREAM_BYTES, STREAM_BYTES_PER_MEMBER
+from membership.codec import MAX_MEMBERS
 
 
 class ConfigError(ValueError):
@@ -48,9 +48,9 @@ class SwimConfig:
     # Members this node keeps in its table (itself and the dead included):
     # far above any cluster we run, it bounds the memory and the length of a
     # probe pass that a flood of made-up members could take. A push-pull of
-    # the whole table must fit one stream frame, so at most
-    # MAX_STREAM_BYTES / STREAM_BYTES_PER_MEMBER (4096).
-    max_members: int = MAX_STREAM_BYTES // STREAM_BYTES_PER_MEMBER
+    # the whole table must fit one stream frame, so at most MAX_MEMBERS
+    # (4096, codec.py).
+    max_members: int = MAX_MEMBERS
     # Members never heard of that one datagram may add: gossip rarely carries
     # more than a couple (a join, a restart); a forged datagram may carry
     # dozens. A push-pull (a join's full state) may add up to max_members.
@@ -70,7 +70,7 @@ class SwimConfig:
             "awareness_max": self.awareness_max >= 0,
             "dead_retention": self.dead_retention >= 0,
             "max_packet_bytes": 256 <= self.max_packet_bytes <= 65_000,
-            "max_members": 2 <= self.max_members <= MAX_STREAM_BYTES // STREAM_BYTES_PER_MEMBER,
+            "max_members": 2 <= self.max_members <= MAX_MEMBERS,
             "max_new_per_packet": self.max_new_per_packet >= 1,
         }
         for name, ok in checks.items():

@@ -288,12 +288,8 @@ class Swim:
                     self._probe.nacks += 1
             case Alive():
                 self._apply_alive(message, now, in_datagram=True)
-            case Suspect() | Dead() if message.incarnation >= MAX_INCARNATION:
-                self.stats.refused_updates += 1  # cannot be outbid: see the module docstring
-            case Suspect():
-                self._apply_suspect(message, now)
-            case Dead():
-                self._apply_dead(message, now)
+            case Suspect() | Dead():
+                self._apply_bad_news(message, now)
             case PushPull():
                 self._on_push_pull(message, now)
 
@@ -357,14 +353,21 @@ class Swim:
         for r in records:
             if r.state == State.ALIVE:
                 self._apply_alive(Alive(r.member, r.incarnation, r.address, r.meta), now)
-            elif r.incarnation >= MAX_INCARNATION:
-                self.stats.refused_updates += 1  # cannot be outbid: see the module docstring
             elif r.state == State.LEFT:
-                self._apply_dead(Dead(r.member, r.incarnation, r.member), now)
+                self._apply_bad_news(Dead(r.member, r.incarnation, r.member), now)
             else:
-                self._apply_suspect(Suspect(r.member, r.incarnation, source), now)
+                self._apply_bad_news(Suspect(r.member, r.incarnation, source), now)
 
     # -- the update rules ----------------------------------------------------------
+
+    def _apply_bad_news(self, message: Suspect | Dead, now: float) -> None:
+        """A Suspect or Dead, from a datagram or a state exchange."""
+        if message.incarnation >= MAX_INCARNATION:
+            self.stats.refused_updates += 1  # cannot be outbid: see the module docstring
+        elif isinstance(message, Suspect):
+            self._apply_suspect(message, now)
+        else:
+            self._apply_dead(message, now)
 
     def _refute(self, incarnation: int, now: float) -> None:
         """Someone believes an older or worse story about us: outbid it."""

@@ -294,6 +294,11 @@ class Transport:
             self.counters["send_errors"] += 1
             log.debug("membership: not sending to %s", exc)
             return
+        if reliable and self._streams_out >= MAX_STREAMS_OUT:
+            # Before encoding: a state exchange is up to MAX_STREAM_BYTES to
+            # encode and sign, and a flood of them is what this cap is for.
+            self.counters["streams_out_busy"] += 1
+            return
         try:
             data = self.codec.encode(packet)
         except Exception:
@@ -303,9 +308,6 @@ class Transport:
         if reliable:
             if len(data) > MAX_STREAM_BYTES:  # every peer would refuse it
                 self.counters["oversize_not_sent"] += 1
-                return
-            if self._streams_out >= MAX_STREAMS_OUT:
-                self.counters["streams_out_busy"] += 1
                 return
             self._streams_out += 1
             # On the task's end, even when it is cancelled before it starts.

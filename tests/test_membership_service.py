@@ -629,20 +629,28 @@ async def test_push_pull_sends_past_the_cap_are_dropped_and_counted(start) -> No
         await server.wait_closed()
 
 
-def test_joined_counts_only_a_member_that_answered_our_probe() -> None:
-    """A forged Alive made a joining node believe it had company: it then
-    placed only itself for a moment and took every free bucket."""
-    now = 0.0
+def joining(member: str, port: int, clock: Callable[[], float], *, seed: int) -> Membership:
+    """A node joining through the seed 127.0.0.1:7001, driven by hand."""
     membership = Membership(
-        "a",
+        member,
         bind=("127.0.0.1", 0),
         advertise_host="127.0.0.1",
         config=FAST,
         seeds=["127.0.0.1:7001"],
-        clock=lambda: now,
+        clock=clock,
     )
-    swim = Swim("a", "127.0.0.1:7000", FAST, now=now, rng=random.Random(3))
-    membership.swim, membership._started_at = swim, now
+    membership.swim = Swim(member, f"127.0.0.1:{port}", FAST, now=clock(), rng=random.Random(seed))
+    membership._started_at = clock()
+    return membership
+
+
+def test_joined_counts_only_a_member_that_answered_our_probe() -> None:
+    """A forged Alive made a joining node believe it had company: it then
+    placed only itself for a moment and took every free bucket."""
+    now = 0.0
+    membership = joining("a", 7000, lambda: now, seed=3)
+    swim = membership.swim
+    assert swim is not None
     swim.receive(Packet("b", (Alive("b", 1, "127.0.0.1:7001"),)), now)
     assert swim.state_of("b") == State.ALIVE
     assert not membership.joined
@@ -657,16 +665,8 @@ def test_joined_counts_only_a_member_that_answered_our_probe() -> None:
     assert membership.joined
 
     # Nobody answering at all: after JOIN_PATIENCE we are the first member up.
-    alone = Membership(
-        "c",
-        bind=("127.0.0.1", 0),
-        advertise_host="127.0.0.1",
-        config=FAST,
-        seeds=["127.0.0.1:7001"],
-        clock=lambda: now,
-    )
-    alone.swim = Swim("c", "127.0.0.1:7002", FAST, now=now, rng=random.Random(4))
-    alone._started_at = now
+    alone = joining("c", 7002, lambda: now, seed=4)
+    assert alone.swim is not None
     alone.swim.receive(Packet("b", (Alive("ghost", 1, "127.0.0.1:7003"),)), now)
     assert not alone.joined
     now += JOIN_PATIENCE
