@@ -161,6 +161,32 @@ async def test_a_listing_leaves_payloads_out_unless_asked_and_then_ends_at_4_mib
     assert sorted(seen) == [f"big-{i}" for i in range(6)] and pages == 2
 
 
+async def test_a_schedule_stored_before_the_payload_split_lists_without_its_payload(
+    start_node: NodeFactory, mongo: Any
+) -> None:
+    """A document stored before payloadBytes existed holds its payload inline
+    and no size: the basic listing, which reads no payload, once took it for
+    an empty one and failed (500) on a JSON payload."""
+    node = await start_node()
+    for name, body in (
+        ("old-json", {"payload": {"a": 1}}),
+        ("old-bytes", {"payloadBase64": "AAE="}),
+    ):
+        status, _ = await node.request(
+            "POST", "/v1/schedules", json={"id": name, "topic": "t", "executeAt": at(600), **body}
+        )
+        assert status == 201
+    await mongo.schedules.update_many({}, {"$unset": {"payloadBytes": ""}})
+    status, basic = await node.request("GET", "/v1/schedules?limit=10")
+    assert status == 200
+    for view in basic["schedules"]:
+        assert not {"payload", "payloadBase64", "payloadBytes"} & set(view)
+    status, full = await node.request("GET", "/v1/schedules?limit=10&view=full")
+    by_id = {v["id"]: v for v in full["schedules"]}
+    assert by_id["old-json"]["payload"] == {"a": 1}
+    assert by_id["old-bytes"]["payloadBase64"] == "AAE=" and by_id["old-bytes"]["payloadBytes"] == 2
+
+
 # -- the owner's book -----------------------------------------------------------------------
 
 

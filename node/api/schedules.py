@@ -460,7 +460,7 @@ async def list_schedules(request: web.Request) -> web.Response:
             await request.app[LISTING_COUNTS].get(context, listing) if counts == "true" else {}
         )
     body: dict[str, Any] = {
-        "schedules": [public_view(d) for d in page.docs],
+        "schedules": [public_view(d, with_payload=view == "full") for d in page.docs],
         "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
         **counted,
     }

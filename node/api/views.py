@@ -10,7 +10,7 @@ from typing import Any
 
 from node.schedule.changes import version_of
 from node.schedule.model import Status, labels_of, public_id
-from node.schedule.payload import needs_fetch, payload_of, payload_size
+from node.schedule.payload import SIZE, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy
 from node.schedule.times import format_duration, format_time
@@ -37,8 +37,9 @@ def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def public_view(doc: dict[str, Any]) -> dict[str, Any]:
-    """The schedule as the API shows it."""
+def public_view(doc: dict[str, Any], *, with_payload: bool = True) -> dict[str, Any]:
+    """The schedule as the API shows it; without its payload when the read
+    left the payload out (a listing's basic view)."""
     view: dict[str, Any] = {
         "id": public_id(doc["_id"]),
         "tenant": doc["tenant"],
@@ -67,9 +68,13 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
         view["retry"] = RetryPolicy.from_document(doc["retry"]).to_view()
     if doc.get("recurrence"):
         view.update(_recurrence_view(doc))
+    if not with_payload:
+        # A document stored before payloadBytes existed has no size but its
+        # payload, which this read left out: its size is not known here.
+        if SIZE in doc:
+            view["payloadBytes"] = doc[SIZE]
+        return view
     view["payloadBytes"] = payload_size(doc)
-    if needs_fetch(doc):
-        return view  # read without its payload (a listing's basic view)
     payload = payload_of(doc)
     if doc.get("payloadFormat") == "json":
         view["payload"] = json.loads(payload)
