@@ -23,6 +23,7 @@ from node.tenants.admission import NEW_TOPICS_PER_CALL, Admission
 from node.tenants.directory import (
     CACHE_SECONDS,
     NEW_KEY_LOOKUP_BURST,
+    TENANTS_KEPT,
     UNKNOWN_KEYS_KEPT,
     TenantDirectory,
 )
@@ -109,6 +110,15 @@ async def test_made_up_keys_never_evict_a_good_one_and_cost_a_bounded_number_of_
             await directory.authenticate(f"sk_more_{i}")
     assert (await directory.authenticate("sk_good")) == Tenant(name="good")
     assert len(directory._unknown) <= UNKNOWN_KEYS_KEPT
+
+
+async def test_policies_of_made_up_tenant_names_are_kept_within_a_bound() -> None:
+    """With auth off a call may name any tenant: the policies kept for the
+    names asked grew with every name made up."""
+    directory = TenantDirectory(KeySource("sk_good"))
+    for i in range(TENANTS_KEPT + 100):
+        assert (await directory.policy(f"made-up-{i}")).name == f"made-up-{i}"
+    assert len(directory._by_name) == TENANTS_KEPT
 
 
 class Policies:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import OrderedDict
 from typing import Any
 
 from node.api.context import ApiContext
+from node.recent import Recent
 from node.store.listing import Listing
 
 COUNT_LIMIT = 1000
@@ -27,7 +27,7 @@ KEPT = 1000
 
 class ListingCounts:
     def __init__(self) -> None:
-        self._cached: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._cached: Recent[str, tuple[float, dict[str, Any]]] = Recent(KEPT)
 
     async def get(self, context: ApiContext, listing: Listing) -> dict[str, Any]:
         """``{"counts": {status: n}, "countsCapped": [status, ...]}`` for
@@ -36,14 +36,11 @@ class ListingCounts:
         now = time.monotonic()
         cached = self._cached.get(key)
         if cached is not None and cached[0] > now:
-            self._cached.move_to_end(key)
             return cached[1]
         counts = await context.store.count_by_status(listing, limit=COUNT_LIMIT)
         answer = {
             "counts": counts,
             "countsCapped": sorted(s for s, n in counts.items() if n >= COUNT_LIMIT),
         }
-        self._cached[key] = (now + COUNTS_CACHE_SECONDS, answer)
-        while len(self._cached) > KEPT:
-            self._cached.popitem(last=False)
+        self._cached.put(key, (now + COUNTS_CACHE_SECONDS, answer))
         return answer

@@ -10,11 +10,11 @@ fixed number of lookups a second.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
 from node.errors import RateLimited
+from node.recent import Recent
 from node.tenants.model import Tenant, key_digest, unlimited
 from node.tenants.quotas import TokenBucket
 
@@ -24,6 +24,8 @@ UNKNOWN_KEY_CACHE_SECONDS = 1.0
 # At most this many unknown keys are remembered (the least recently seen go
 # first). Known keys are kept apart: made-up keys can never push a good one out.
 UNKNOWN_KEYS_KEPT = 10_000
+# At most this many tenants' policies are kept (the least recently asked go first).
+TENANTS_KEPT = 10_000
 # Store lookups of keys this node has never seen, per second (and at once):
 # a flood of made-up keys costs the store at most this, and a caller with a
 # genuinely new key during one is told to try again (429), not refused.
@@ -50,11 +52,12 @@ class TenantDirectory:
         # Keys that exist (or existed): as many as were ever issued, no more.
         self._known: dict[str, tuple[float, Tenant]] = {}
         # Digests of keys the store did not know, least recently seen first.
-        self._unknown: OrderedDict[str, float] = OrderedDict()
+        self._unknown: Recent[str, float] = Recent(UNKNOWN_KEYS_KEPT)
         self._new_keys = TokenBucket(
             NEW_KEY_LOOKUPS_PER_SECOND, NEW_KEY_LOOKUP_BURST, NEW_KEY_LOOKUP_BURST, clock()
         )
-        self._by_name: dict[str, tuple[float, Tenant]] = {}
+        # Policies by tenant name; with auth off a call may name any tenant.
+        self._by_name: Recent[str, tuple[float, Tenant]] = Recent(TENANTS_KEPT)
         self._names: tuple[float, list[str]] | None = None
 
     async def authenticate(self, key: str) -> Tenant | None:
@@ -69,7 +72,6 @@ class TenantDirectory:
         if known is None:
             unknown_until = self._unknown.get(digest)
             if unknown_until is not None and unknown_until > now:
-                self._unknown.move_to_end(digest)
                 return None
             taken, retry_after = self._new_keys.take(1, now)
             if not taken:
@@ -80,14 +82,11 @@ class TenantDirectory:
         tenant = await self.store.tenant_for_key(key)
         if tenant is None:
             self._known.pop(digest, None)  # revoked
-            self._unknown[digest] = now + UNKNOWN_KEY_CACHE_SECONDS
-            self._unknown.move_to_end(digest)
-            while len(self._unknown) > UNKNOWN_KEYS_KEPT:
-                self._unknown.popitem(last=False)
+            self._unknown.put(digest, now + UNKNOWN_KEY_CACHE_SECONDS)
             return None
-        self._unknown.pop(digest, None)
+        self._unknown.pop(digest)
         self._known[digest] = (now + CACHE_SECONDS, tenant)
-        self._by_name[tenant.name] = (now + CACHE_SECONDS, tenant)
+        self._by_name.put(tenant.name, (now + CACHE_SECONDS, tenant))
         return tenant
 
     async def names(self) -> list[str]:
@@ -104,5 +103,5 @@ class TenantDirectory:
         if cached is not None and cached[0] > now:
             return cached[1]
         tenant = await self.store.get(name) or unlimited(name)
-        self._by_name[name] = (now + CACHE_SECONDS, tenant)
+        self._by_name.put(name, (now + CACHE_SECONDS, tenant))
         return tenant

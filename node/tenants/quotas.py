@@ -38,6 +38,15 @@ class TokenBucket:
         self.tokens = min(self.capacity, self.tokens + elapsed * self.rate)
         self.updated = now
 
+    def reshape(self, rate: float, capacity: float, now: float) -> None:
+        """A new rate or capacity (a changed quota, another node count):
+        what is filled so far stays, up to the new capacity."""
+        if (self.rate, self.capacity) == (rate, capacity):
+            return
+        self.refill(now)
+        self.rate, self.capacity = rate, capacity
+        self.tokens = min(self.tokens, capacity)
+
     def take(self, wanted: int, now: float) -> tuple[int, float]:
         """Take up to ``wanted`` tokens; returns (taken, seconds until the
         next token when some were refused, else 0)."""
@@ -67,11 +76,8 @@ class RateLimiter:
         bucket = self._buckets.get(tenant.name)
         if bucket is None:
             bucket = self._buckets[tenant.name] = TokenBucket(rate, capacity, capacity, now)
-        elif (bucket.rate, bucket.capacity) != (rate, capacity):
-            # The quota or the node count changed: keep the fill, new shape.
-            bucket.refill(now)
-            bucket.rate, bucket.capacity = rate, capacity
-            bucket.tokens = min(bucket.tokens, capacity)
+        else:
+            bucket.reshape(rate, capacity, now)
         return bucket.take(wanted, now)
 
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
 from node.errors import RateLimited
+from node.recent import Recent
 from node.tenants.directory import TenantDirectory
 from node.tenants.model import Tenant
 from node.tenants.quotas import TokenBucket
@@ -59,7 +59,7 @@ class ReadBudget:
 
     def __init__(self, default_rate: float) -> None:
         self.default_rate = default_rate  # READ_BUDGET: for tenants without their own
-        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._buckets: Recent[str, TokenBucket] = Recent(KEPT)
 
     def check(self, tenant: Tenant, now: float, nodes: int) -> None:
         """Raise RateLimited while the tenant's budget is spent (overdrawn)."""
@@ -88,14 +88,9 @@ class ReadBudget:
         bucket = self._buckets.get(tenant.name)
         if bucket is None:
             bucket = TokenBucket(rate, capacity, capacity, now)
-            self._buckets[tenant.name] = bucket
-            while len(self._buckets) > KEPT:
-                self._buckets.popitem(last=False)
-        elif (bucket.rate, bucket.capacity) != (rate, capacity):
-            bucket.refill(now)  # the rate or the node count changed: new shape
-            bucket.rate, bucket.capacity = rate, capacity
-            bucket.tokens = min(bucket.tokens, capacity)
-        self._buckets.move_to_end(tenant.name)
+            self._buckets.put(tenant.name, bucket)
+        else:
+            bucket.reshape(rate, capacity, now)
         return bucket
 
 
