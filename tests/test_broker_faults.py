@@ -283,18 +283,19 @@ async def test_readyz_costs_the_store_and_the_broker_nothing(start_node: NodeFac
     cluster's metadata from the broker)."""
     node = await start_node()
     calls: list[str] = []
-    store, client = node.node.store, node.node.publisher._producer.client  # type: ignore[union-attr]
-    ping, fetch_all = store.ping, client.fetch_all_metadata
+    database = node.node.store.database  # the API's: the node's probes use the other
+    client = node.node.publisher._producer.client  # type: ignore[union-attr]
+    command, fetch_all = database.command, client.fetch_all_metadata
 
-    async def counted_ping() -> None:
-        calls.append("ping")
-        await ping()
+    async def counted_command(*args: Any, **kwargs: Any) -> Any:
+        calls.append(f"store {args[0]}")
+        return await command(*args, **kwargs)
 
     async def counted_fetch_all() -> Any:
         calls.append("metadata")
         return await fetch_all()
 
-    store.ping = counted_ping  # type: ignore[method-assign]
+    database.command = counted_command  # type: ignore[method-assign]
     client.fetch_all_metadata = counted_fetch_all  # type: ignore[method-assign]
     for _ in range(50):
         status, body = await node.request("GET", "/readyz")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
+from node.api.counting import COUNT_LIMIT, COUNTS_CACHE_SECONDS
+from node.api.schedules import MAX_PAGE_PAYLOAD_BYTES
 from node.schedule.model import (
     HEADER_NAME,
     ID_PATTERN,
@@ -582,7 +584,8 @@ PATHS: dict[str, Any] = {
                     "in": "query",
                     "schema": {"type": "string", "enum": ["basic", "full"], "default": "basic"},
                     "description": "basic: no payloads (payloadBytes says their size); full: "
-                    "with payloads, the page ending where they reach 4 MiB (next goes on)",
+                    "with payloads, the page ending where they reach "
+                    f"{MAX_PAGE_PAYLOAD_BYTES // (1024 * 1024)} MiB (next goes on)",
                 },
                 {
                     "name": "counts",
@@ -603,8 +606,8 @@ PATHS: dict[str, Any] = {
                             "counts": {
                                 "type": "object",
                                 "description": "counts=true: schedules per status, over "
-                                "the same filters but status, each counted up to 1,000 "
-                                "(kept for 10 s on each node)",
+                                f"the same filters but status, each counted up to {COUNT_LIMIT:,} "
+                                f"(kept for {COUNTS_CACHE_SECONDS:g} s on each node)",
                                 "properties": {s.value: {"type": "integer"} for s in Status},
                                 "additionalProperties": False,
                             },

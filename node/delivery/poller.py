@@ -284,8 +284,7 @@ class BucketPoller:
         tenants absent from the pool are asked for their own earliest due
         work there."""
         pool = self.book.due(now)
-        tenants = await self._tenants()
-        if tenants is None:
+        if self.tenant_names is None:
             # Plain oldest first across the cluster's backlog (kept only to
             # measure what fairness buys): nothing past what the book holds
             # of every bucket, or a later schedule would pass an earlier one
@@ -293,7 +292,9 @@ class BucketPoller:
             frontier = self.book.frontier()
             return [d for d in pool if frontier is None or by_due(d) <= frontier][:size]
         hiding = self.book.hiding(now)
-        if hiding and tenants:
+        # In a fixed order: a window of them per round, each after the last.
+        tenants = sorted(await self.tenant_names()) if hiding else []
+        if tenants:
             present = {str(d.get("tenant")) for d in pool}
             others, self._tenant_turn = next_window(
                 tenants, self._tenant_turn, present, MAX_TENANTS_PER_ROUND
@@ -315,13 +316,6 @@ class BucketPoller:
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
         return max(0.0, delay)
-
-    async def _tenants(self) -> list[str] | None:
-        """The tenants to serve fairly, in a fixed order (``_choose`` asks a
-        window of them per round, each window after the last)."""
-        if self.tenant_names is None:
-            return None
-        return sorted(await self.tenant_names())
 
     async def _recover(self, tokens: dict[int, int], gained: set[int]) -> None:
         """What an older owner left in flight is due again: in the buckets
@@ -700,7 +694,7 @@ def _by_bytes(claims: list[Claimed], most: int) -> list[list[Claimed]]:
     size = 0
     for claim in claims:
         weight = payload_size(claim.doc)
-        if not parts or (size + weight > most and parts[-1]):
+        if not parts or size + weight > most:
             parts.append([])
             size = 0
         parts[-1].append(claim)

@@ -163,18 +163,7 @@ class KafkaPublisher:
         brokers alone: a cluster with thousands of topics answers it as
         cheaply as one with none), bounded in time (the producer's cached
         metadata says nothing about a broker that has since gone away)."""
-        producer = self._producer
-        if producer is None:
-            return False
-        client = producer.client
-        try:
-            node = client.get_random_node()
-            if node is None:
-                return False
-            await asyncio.wait_for(client.send(node, MetadataRequest([])), PROBE_TIMEOUT)
-        except (KafkaError, TimeoutError, OSError):
-            return False
-        return True
+        return await self._metadata(MetadataRequest([])) is not None
 
     async def topic_known(self, topic: str) -> bool | None:
         """Whether the broker has ``topic`` or creates it on first use: a
@@ -182,23 +171,28 @@ class KafkaPublisher:
         does. False only when the broker answered that it does not exist (a
         broker without automatic creation); None when it could not be asked."""
         producer = self._producer
+        if producer is not None and producer.client.cluster.partitions_for_topic(topic):
+            return True
+        answer = await self._metadata(MetadataRequest([topic], allow_auto_topic_creation=True))
+        if answer is None:
+            return None
+        codes = [t[0] for t in answer.topics if t[1] == topic]
+        return not codes or codes[0] != UnknownTopicOrPartitionError.errno
+
+    async def _metadata(self, request: Any) -> Any | None:
+        """A broker's answer to ``request``, within PROBE_TIMEOUT; None when
+        no broker could be asked or none answered in time."""
+        producer = self._producer
         if producer is None:
             return None
         client = producer.client
-        if client.cluster.partitions_for_topic(topic):
-            return True
         try:
             node = client.get_random_node()
             if node is None:
                 return None
-            answer = await asyncio.wait_for(
-                client.send(node, MetadataRequest([topic], allow_auto_topic_creation=True)),
-                PROBE_TIMEOUT,
-            )
+            return await asyncio.wait_for(client.send(node, request), PROBE_TIMEOUT)
         except (KafkaError, TimeoutError, OSError):
             return None
-        codes = [t[0] for t in answer.topics if t[1] == topic]
-        return not codes or codes[0] != UnknownTopicOrPartitionError.errno
 
     async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
         """Send all records, wait for every ack; one result per record, in order.

@@ -116,13 +116,6 @@ class ScheduleStore:
         # stopped by the server (maxTimeMS) and refused: it cannot starve
         # the owners' work, whatever the tenant's size.
         self.read_timeout = read_timeout
-        # Whether to name the index a query reads (``hint``): the cost is
-        # then the code's, not the planner's guess. Off for the embedded
-        # SecantusDB (``prepare`` asks), whose hinted queries walk the whole
-        # index, every tenant's entries, before filtering: a listing of a
-        # tenant of 50 in a collection of 20,000 took 0.7 s hinted and 4 ms
-        # not. A real MongoDB always gets the hints.
-        self.hints = True
         # Whether a tenant's listings by status, and its counts, are read a
         # bucket at a time (``_page_by_bucket``, ``_count_by_bucket``). Only
         # on the embedded SecantusDB, which cannot stop a scan part way: it
@@ -159,11 +152,20 @@ class ScheduleStore:
 
     # -- start-up -------------------------------------------------------------
 
+    @property
+    def hints(self) -> bool:
+        """Whether to name the index a query reads (``hint``): the cost is
+        then the code's, not the planner's guess. Not on the embedded
+        SecantusDB (``sliced``), whose hinted queries walk the whole index,
+        every tenant's entries, before filtering: a listing of a tenant of
+        50 in a collection of 20,000 took 0.7 s hinted and 4 ms not. A real
+        MongoDB always gets the hints."""
+        return not self.sliced
+
     @store_call
     async def prepare(self, now: datetime) -> None:
         """Pin the bucket count and create indexes; both idempotent."""
-        embedded = await self.embedded()
-        self.hints, self.sliced = not embedded, embedded
+        self.sliced = await self.embedded()
         await self._pin_bucket_count(now)
         existing = await self.schedules.index_information()
         for name in SUPERSEDED_INDEXES:
@@ -225,10 +227,6 @@ class ScheduleStore:
 
     def _hint(self, index: str | None) -> dict[str, Any]:
         return {"hint": index} if index is not None and self.hints else {}
-
-    @store_call
-    async def ping(self) -> None:
-        await self.database.command("ping")
 
     @store_call
     async def server_time(self) -> datetime:
