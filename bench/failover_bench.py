@@ -37,8 +37,8 @@ from bench import workloads
 from bench.stack import Delivery, Servers, TopicReader, documents, embedded_servers, iso, summary
 from bench.systems import Scheduler
 from bench.workloads import Workload
-from chaos.cluster import LocalCluster, get_json
-from chaos.stats import percentile
+from chaos.lab.cluster import LocalCluster, get_json
+from chaos.lab.stats import percentile
 
 POLL = 0.5  # how often the monitor asks each survivor for its view
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.stats import percentile
+from chaos.lab.stats import percentile
 from membership.config import LAN, PRESETS, SwimConfig
 from membership.messages import EventKind, State
 from membership.simulator import Simulator

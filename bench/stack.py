@@ -26,7 +26,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from chaos.stats import percentile
+from chaos.lab.stats import percentile
 from node.ops import embedded
 from node.ops.tail import topic_consumer
 from node.schedule.model import Limits

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from bench import baselines
 from bench.stack import Servers, insert
-from chaos.cluster import LocalCluster
+from chaos.lab.cluster import LocalCluster
 
 
 @dataclass

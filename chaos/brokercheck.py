@@ -28,7 +28,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from chaos import objectstore
+from chaos.lab import objectstore
 from node.ops import embedded
 
 HOST = "127.0.0.1"

@@ -113,7 +113,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from chaos.stats import percentile
+from chaos.lab.stats import percentile
 from ring import bucket_for
 
 # Between a recurring schedule's id and an occurrence's time in a unit's

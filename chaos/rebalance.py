@@ -21,9 +21,9 @@ from typing import Any
 
 import aiohttp
 
-from chaos.cluster import LocalCluster
-from chaos.harness import Recorder, iso, until
-from chaos.stats import percentile
+from chaos.lab.cluster import LocalCluster
+from chaos.lab.harness import Recorder, iso, until
+from chaos.lab.stats import percentile
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 6.0  # the node default

@@ -68,10 +68,10 @@ from chaos.checker import (
     occurrence,
     passed,
 )
-from chaos.cluster import LocalCluster
-from chaos.garbage import Garbage, dropped, flood
-from chaos.harness import Recorder, broker_stores, epoch, iso, until
-from chaos.network import Namespaces, probe, sweep
+from chaos.faults.garbage import Garbage, dropped, flood
+from chaos.lab.cluster import LocalCluster
+from chaos.lab.harness import Recorder, broker_stores, epoch, iso, until
+from chaos.lab.network import Namespaces, probe, sweep
 from chaos.report import render_html
 from chaos.scenario import FIELDS, Scenario, Step
 from node.errors import StoreUnavailable

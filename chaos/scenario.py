@@ -75,7 +75,7 @@ FIELDS: dict[str, set[str]] = {
     # would lose records the scheduler had delivered.)
     "pause-broker": {"for"},
     # SIGKILL Kafka, restart it after "for" seconds. The run's broker then
-    # keeps its topics in a disk-backed S3 store (chaos/objectstore.py).
+    # keeps its topics in a disk-backed S3 store (chaos/lab/objectstore.py).
     "crash-broker": {"for"},
     # The node loses its route to the database only (or the broker only) for
     # "for" seconds; it keeps its peers and the other server. Needs network

@@ -18,7 +18,7 @@ from aiokafka import ConsumerRecord
 
 from chaos import runner
 from chaos.checker import Changes, Delivery, Window, check, occurrence, passed
-from chaos.harness import Recorder, epoch
+from chaos.lab.harness import Recorder, epoch
 from chaos.report import render_html
 from chaos.runner import STALL_LEAD, Run, broker_stalls, render
 from chaos.scenario import ScenarioError, available, load, parse

@@ -15,10 +15,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from chaos import cluster as cluster_module
 from chaos.checker import Delivery, check, passed
-from chaos.cluster import LocalCluster
-from chaos.garbage import (
+from chaos.faults.garbage import (
     KEYED_MUTATIONS,
     MALFORMED,
     MUTATIONS,
@@ -27,6 +25,8 @@ from chaos.garbage import (
     Garbage,
     dropped,
 )
+from chaos.lab import cluster as cluster_module
+from chaos.lab.cluster import LocalCluster
 from chaos.report import render_html
 from chaos.runner import RETRY_AFTER_CAP, Run, _retry_after, render
 from chaos.scenario import (

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from chaos.network import probe
+from chaos.lab.network import probe
 from chaos.runner import Run, write
 from chaos.scenario import load
 from tests.conftest import NodeFactory

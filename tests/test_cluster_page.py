@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from chaos.cluster import LocalCluster
-from chaos.harness import until
+from chaos.lab.cluster import LocalCluster
+from chaos.lab.harness import until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from chaos.network import Namespaces, probe, sweep
+from chaos.lab.network import Namespaces, probe, sweep
 
 REASON = probe()
 pytestmark = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 injection: start, SIGKILL, SIGSTOP/SIGCONT and gracefully stop nodes while
 the rest keep running, and cut the network between them.
 
-With ``network`` (``chaos/network.py``) each node runs in its own network
+With ``network`` (``chaos/lab/network.py``) each node runs in its own network
 namespace and a partition is a cut link; the database and the broker listen
 on addresses of their own on the bridge, so a node can lose just one of
 them. Without, every node is on loopback and a partition is the nodes'
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from chaos import objectstore
-from chaos.network import NODE_GOSSIP_PORT, NODE_HTTP_PORT, Namespaces
+from chaos.lab import objectstore
+from chaos.lab.network import NODE_GOSSIP_PORT, NODE_HTTP_PORT, Namespaces
 from node.ops import embedded
 
 HOST = "127.0.0.1"
@@ -82,7 +82,7 @@ class LocalCluster:
     ) -> None:
         self.data_dir = data_dir
         # Tansu over a disk-backed S3 store instead of memory, so the broker
-        # can crash without losing records (chaos/objectstore.py).
+        # can crash without losing records (chaos/lab/objectstore.py).
         self.durable_broker = durable_broker
         self.objectstore: subprocess.Popen[bytes] | None = None
         self._kafka_env: dict[str, str] | None = None
