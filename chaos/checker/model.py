@@ -1,0 +1,322 @@
+"""What a settled history says the cluster owes, as the invariants read it:
+the ledgers a run used to keep in dicts, each a query over the ops. Pure.
+
+* ``accepted``: unit -> the executeAt it is owed at (a one-shot schedule's
+  create that took, moved by every PATCH that took; each occurrence of a
+  recurring schedule whose create took);
+* ``cancelled``: the DELETEs that took (a 200, or settled so);
+* ``changes``: what the verbs did besides DELETEs (``Changes``);
+* the fault windows, from the nemesis's events and the observer's stalls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from chaos.faults.kinds import BROKER_FAULTS, CLUSTER_FAULTS, NOT_FAULTS, RECOVERY_ALLOWANCE
+from chaos.history import (
+    BROKER_STALL,
+    BULK_CANCEL,
+    CANCEL,
+    CREATE,
+    INFO,
+    NEMESIS,
+    NOTE,
+    OBSERVER,
+    OK,
+    PATCH,
+    PAUSE,
+    RESUME,
+    Call,
+    History,
+    occurrence,
+)
+
+# Lateness past this, of a unit due outside every fault's intended window,
+# fails a run: outside the faults, deliveries run well under a second late
+# (README, "Chaos"), and inside one a hand-over takes detection plus a lease.
+LATE_OUTSIDE_WINDOWS = 10.0
+# How the load's verbs are named in the count of their answers.
+VERB_NAMES = {PATCH: "PATCH", PAUSE: "pause", RESUME: "resume", BULK_CANCEL: "bulk cancel"}
+
+
+@dataclass(frozen=True)
+class Window:
+    label: str
+    start: float  # epoch seconds
+    end: float
+
+    def holds(self, at: float) -> bool:
+        return self.start <= at <= self.end
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the load did to its schedules after creating them, besides the
+    DELETEs. Times are epoch seconds of the runner's clock, each when the
+    call answered (or, for a call settled after the run, when the load gave
+    up on the answer).
+
+    ``bulk_cancelled``: unit -> when the bulk cancel that took it answered;
+    ``paused``: unit -> its pauses, each (when the pause answered 200, when
+    its resume was sent, or None: never resumed);
+    ``resumed``: unit -> when its resume answered (lateness counts from there);
+    ``moved``: unit -> every executeAt it had, in order, each with when the
+    PATCH that set it answered (None for the first, as created); the last is
+    the one in force;
+    ``unsure``: moved units whose last PATCH has no known outcome: their last
+    two times are both acceptable."""
+
+    bulk_cancelled: Mapping[str, float] = field(default_factory=dict)
+    paused: Mapping[str, Sequence[tuple[float, float | None]]] = field(default_factory=dict)
+    resumed: Mapping[str, float] = field(default_factory=dict)
+    moved: Mapping[str, Sequence[tuple[float, float | None]]] = field(default_factory=dict)
+    unsure: frozenset[str] = frozenset()
+
+    def still_paused(self) -> set[str]:
+        return {u for u, spans in self.paused.items() if any(end is None for _, end in spans)}
+
+    def in_force(self, unit: str) -> list[float]:
+        """The executeAt values a record of a moved unit may carry."""
+        times = [at for at, _ in self.moved[unit]]
+        return times[-2:] if unit in self.unsure else times[-1:]
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The windows the faults open (epoch seconds).
+
+    ``windows``: each fault's, from a poll interval before it to the
+    recovery allowance after it ends (lateness is reported inside each);
+    ``intended``: what each fault is meant to cost, outside which no unit
+    may be LATE_OUTSIDE_WINDOWS late (its hand-over, or all of it when
+    nobody can work; broker stalls most nodes saw);
+    ``broker``: the broker's pauses, crashes, cuts and stalls any node saw,
+    inside which a producer may resend a batch the broker had stored;
+    ``store_crashes``: each database kill, from the kill to the restart."""
+
+    windows: tuple[Window, ...] = ()
+    intended: tuple[Window, ...] = ()
+    broker: tuple[Window, ...] = ()
+    store_crashes: tuple[Window, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    accepted: Mapping[str, float]
+    cancelled: frozenset[str]
+    changes: Changes
+    faults: Faults
+    buckets: int
+
+
+_FACTS: weakref.WeakKeyDictionary[History, Facts] = weakref.WeakKeyDictionary()
+
+
+def facts(history: History) -> Facts:
+    """The history's facts, worked out once per history."""
+    known = _FACTS.get(history)
+    if known is None:
+        known = _FACTS[history] = Facts(
+            accepted=accepted(history),
+            cancelled=frozenset(c.schedule for c in history.calls(CANCEL) if c.type == OK),
+            changes=changes(history),
+            faults=faults(history),
+            buckets=int(history.meta.get("buckets", 256)),
+        )
+    return known
+
+
+def accepted(history: History) -> dict[str, float]:
+    owed: dict[str, float] = {}
+    for call in history.calls(CREATE, PATCH):
+        if call.type != OK:
+            continue
+        recurrence = call.get("recurrence")
+        if recurrence is not None:
+            owed.update(occurrences(call.schedule, recurrence))
+        else:
+            owed[call.schedule] = float(call["executeAt"])
+    return owed
+
+
+def occurrences(schedule_id: str, recurrence: Mapping[str, Any]) -> dict[str, float]:
+    """Each occurrence of a recurring schedule, ``start`` to ``end`` (iso
+    times to the millisecond) every ``every`` seconds."""
+    when = datetime.fromisoformat(recurrence["start"])
+    end = datetime.fromisoformat(recurrence["end"])
+    step = timedelta(seconds=float(recurrence["every"]))
+    units = {}
+    while when <= end:
+        text = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        units[occurrence(schedule_id, text)] = when.timestamp()
+        when += step
+    return units
+
+
+def changes(history: History) -> Changes:
+    moved: dict[str, list[tuple[float, float | None]]] = {}
+    unsure: set[str] = set()
+    created: dict[str, float] = {}
+    for call in history.calls(CREATE, PATCH):
+        if call.f == CREATE:
+            if call.type == OK and call.get("executeAt") is not None:
+                created[call.schedule] = float(call["executeAt"])
+            continue
+        if call.type == OK or call.type == INFO:
+            times = moved.setdefault(call.schedule, [(created[call.schedule], None)])
+            times.append((float(call["executeAt"]), call.ended))
+        if call.type == INFO:  # no outcome known: either time may go out
+            unsure.add(call.schedule)
+    taken = {
+        unit: call.ended for call in history.calls(BULK_CANCEL) for unit in call.get("took", ())
+    }
+    paused, resumed = _pauses(history)
+    return Changes(taken, paused, resumed, moved, frozenset(unsure))
+
+
+def _pauses(
+    history: History,
+) -> tuple[dict[str, list[tuple[float, float | None]]], dict[str, float]]:
+    resumes = {call.schedule: call for call in history.calls(RESUME)}
+    paused: dict[str, list[tuple[float, float | None]]] = {}
+    resumed: dict[str, float] = {}
+    for call in history.calls(PAUSE):
+        if call.type != OK:
+            continue
+        resume = resumes.get(call.schedule)
+        end = None if resume is None or _still_paused(resume) else resume.invoke.at
+        paused[call.schedule] = [(call.ended, end)]
+        if resume is not None and resume.type == OK:
+            resumed[call.schedule] = resume.ended
+    return paused, resumed
+
+
+def _still_paused(resume: Call) -> bool:
+    return resume.type != OK and resume.done_value.get("settled") == "PAUSED"
+
+
+def expected(history: History) -> set[str]:
+    """The units the topic must get (for the run's wait, before the last
+    settling): accepted, and neither cancelled, bulk-cancelled, still paused
+    nor under a cancel or a pause whose outcome is unknown."""
+    known = facts(history)
+    doubt = {c.schedule for c in history.calls(CANCEL, PAUSE) if c.type == INFO}
+    return (
+        set(known.accepted)
+        - known.cancelled
+        - set(known.changes.bulk_cancelled)
+        - known.changes.still_paused()
+        - doubt
+    )
+
+
+# -- the fault windows ------------------------------------------------------------
+
+
+def events(history: History) -> list[dict[str, Any]]:
+    """The nemesis's events as the report shows them, each with what later
+    notes added, in time order; each fault's with the index of its window."""
+    by_op: dict[int, dict[str, Any]] = {}
+    for op in history.events(NEMESIS):
+        if op.f == NOTE:
+            by_op[int(op.value["of"])].update({k: v for k, v in op.value.items() if k != "of"})
+        else:
+            by_op[op.index] = dict(op.value)
+    ordered = sorted(by_op.values(), key=lambda e: float(e["at"]))
+    for index, event in enumerate(e for e in ordered if _is_fault(e)):
+        event["window"] = index
+    return ordered
+
+
+def _is_fault(event: Mapping[str, Any]) -> bool:
+    return "skipped" not in event and event["do"] not in NOT_FAULTS
+
+
+def faults(history: History) -> Faults:
+    started = history.started
+    windows: list[Window] = []
+    intended: list[Window] = []
+    broker: list[Window] = []
+    crashes: list[Window] = []
+    for event in filter(_is_fault, events(history)):
+        at, lasting, label = started + event["at"], event["lasting"], event["step"]
+        # From a poll interval before (work already due when it hit) to the
+        # recovery allowance after the fault ends.
+        window = Window(label, at - 1.0, at + lasting + RECOVERY_ALLOWANCE)
+        windows.append(window)
+        # What the fault is meant to cost: while it lasts when nobody can do
+        # the work (the servers down for all), else the time the others take
+        # to take the work over. It opens LATE_OUTSIDE_WINDOWS before the
+        # fault: a unit due less than that before may still be in flight
+        # when it hits (a round of the embedded store can take seconds)
+        # without being that late yet, and then the fault is what makes it so.
+        cost = lasting if event["do"] in CLUSTER_FAULTS else 0.0
+        intended.append(Window(label, at - LATE_OUTSIDE_WINDOWS, at + cost + RECOVERY_ALLOWANCE))
+        if event["do"] in BROKER_FAULTS:
+            broker.append(window)
+        if event["do"] == "crash-store":
+            crashes.append(Window(label, at, at + lasting))
+    for op in history.events(OBSERVER, BROKER_STALL):
+        stall = Window(op.value["label"], op.value["start"], op.value["end"])
+        broker.append(stall)
+        if op.value["most"]:
+            intended.append(stall)
+    return Faults(tuple(windows), tuple(intended), tuple(broker), tuple(crashes))
+
+
+# -- what the run's summary counts ---------------------------------------------------
+
+
+def verb_answers(history: History) -> dict[str, int]:
+    """Each verb's answers, as ``pause 409 in_flight``."""
+    counted: Counter[str] = Counter()
+    for call in history.calls(*VERB_NAMES):
+        status, code = call.get("status"), call.get("code")
+        counted[f"{VERB_NAMES[call.f]} {status or 'no answer'}{f' {code}' if code else ''}"] += 1
+        if call.get("neither"):
+            counted["PATCH settled at neither time"] += 1
+    return dict(sorted(counted.items()))
+
+
+def refusals(history: History) -> Counter[str]:
+    """Why each create that never took was refused (its last answer)."""
+    return Counter(str(c.get("error")) for c in history.calls(CREATE) if c.type != OK)
+
+
+def bulk_calls(history: History) -> list[dict[str, Any]]:
+    """Each bulk cancel: its group, when it began, what its answers said."""
+    calls: dict[str, dict[str, Any]] = {}
+    for call in history.calls(BULK_CANCEL):
+        entry = calls.setdefault(
+            call["group"],
+            {
+                "group": call["group"],
+                "at": round(call.invoke.at - history.started, 2),
+                "cancelled": 0,
+                "answers": [],
+            },
+        )
+        entry["answers"].append(call.get("status"))
+        if call.type == OK:
+            entry["cancelled"] += int(call.get("cancelled") or 0)
+    return list(calls.values())
+
+
+def unsettled(history: History) -> int:
+    """Calls whose outcome no node could settle after the run."""
+    return sum(
+        1
+        for call in history.calls(CANCEL, PAUSE, RESUME)
+        if (call.type == INFO or (call.f == RESUME and call.type != OK))
+        and "settled" not in call.done_value
+    ) + len(facts(history).changes.unsure)
+
+
+def chains(history: History) -> list[str]:
+    return [c.schedule for c in history.calls(CREATE) if c.type == OK and c.get("recurrence")]

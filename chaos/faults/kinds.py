@@ -1,0 +1,21 @@
+"""What each kind of fault is, as the player plays it and the checker
+judges it. Pure data."""
+
+from __future__ import annotations
+
+# Failure detection at the lan preset (p99 about 8 s) plus the lease TTL (6 s),
+# with room to spare.
+RECOVERY_ALLOWANCE = 20.0
+# Faults of the servers themselves: no node is their target.
+SERVER_FAULTS = ("crash-store", "pause-broker", "crash-broker")
+# Faults of the broker: inside their windows a producer may resend a batch
+# the stalled broker had stored after all (``chaos.checker``: producer_retry).
+BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
+# Faults that stop the work of every node while they last: late deliveries
+# are intended for as long. Any other fault is one node's, or a split the
+# leases ride out: the others take its work within the recovery allowance,
+# and a unit due after that must not be late (``late_outside_windows``).
+CLUSTER_FAULTS = (*SERVER_FAULTS, "split")
+# The ends of faults the player notes (a heal, a resume, a reconnect) and a
+# node added: not faults, so no recovery allowance of their own.
+NOT_FAULTS = ("start", "resume", "heal", "reconnect")

@@ -1,0 +1,201 @@
+"""After the run: each call whose outcome the load does not know becomes
+``ok`` or ``fail`` by reading its schedule back (``views``), and each bulk
+cancel learns which schedules it took.
+
+Pure (``needs_views`` and ``settle``) around one IO step (``read_views``):
+a schedule no node can show stays as it was, and the checker counts it
+unsettled (a PATCH's then counts as either time).
+
+The rules, by the schedule's status (and executeAt) in its view:
+
+* a DELETE with no answer or a 5xx: CANCELLED is ``ok``, like a 200;
+  anything else ``fail``;
+* a pause with no answer or a 5xx: PAUSED is ``ok`` (paused from when the
+  load gave up on the answer, and never resumed); anything else ``fail``;
+* a resume that got no 200 (no answer, a 5xx, or a refusal: a bulk cancel
+  may have taken the schedule while it was paused): still PAUSED is
+  ``fail`` (paused for good); CANCELLED is ``fail`` too, but its pause
+  ended when the resume was sent; anything else ``ok``, resumed when the
+  load gave up on the answer;
+* a PATCH with no answer or a 5xx: the view has its executeAt, ``ok``; the
+  time it had before, ``fail``; neither (no node should show that), it
+  stays ``info`` marked ``neither``: either time may go out;
+* a bulk cancel: the CANCELLED members of its label group that no DELETE
+  cancelled were taken by it, noted (``took``) on the group's last answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from chaos.history import (
+    BULK_CANCEL,
+    CANCEL,
+    CREATE,
+    FAIL,
+    INFO,
+    OK,
+    PATCH,
+    PAUSE,
+    RESUME,
+    Call,
+    History,
+    Op,
+)
+from chaos.lab.harness import epoch
+
+# executeAt values are whole milliseconds: two this close are one time.
+SAME_TIME = 0.0005
+
+Views = Mapping[str, Mapping[str, Any]]
+
+
+def needs_views(history: History) -> set[str]:
+    """The schedules whose views settle something: every unsettled call's,
+    and the members of each bulk-cancelled group not cancelled otherwise."""
+    unknown = {
+        call.schedule
+        for call in history.calls(CANCEL, PAUSE, PATCH)
+        if call.type == INFO and "settled" not in call.done_value
+    }
+    unknown |= {
+        call.schedule
+        for call in history.calls(RESUME)
+        if call.type != OK and "settled" not in call.done_value
+    }
+    return unknown | _bulk_members(history)
+
+
+def _bulk_members(history: History) -> set[str]:
+    groups = {call["group"] for call in history.calls(BULK_CANCEL)}
+    cancelled = {call.schedule for call in history.calls(CANCEL) if call.type == OK}
+    return {
+        call.schedule
+        for call in history.calls(CREATE)
+        if call.type == OK and call.get("group") in groups and call.schedule not in cancelled
+    }
+
+
+def settle(history: History, views: Views) -> History:
+    """The history with every call the views settle replaced by its outcome."""
+    replaced: dict[int, Op] = {}
+    before = _times_before(history)
+    for call in history.calls(CANCEL, PAUSE, RESUME, PATCH):
+        view = views.get(call.schedule)
+        if view is None or call.done is None or "settled" in call.done.value:
+            continue
+        outcome = _outcome(call, view, before.get(call.invoke.index))
+        if outcome is not None:
+            type_, extra = outcome
+            replaced[call.done.index] = _settled(call.done, type_, view, extra)
+    settled = history.replaced(replaced)
+    return settled.replaced(_bulk_takings(settled, views))
+
+
+def _outcome(
+    call: Call, view: Mapping[str, Any], before: float | None
+) -> tuple[str, dict[str, Any]] | None:
+    """A call's settled type, or None where the view settles nothing."""
+    status = view.get("status")
+    if call.f == RESUME:
+        if call.type == OK:
+            return None
+        return (FAIL if status in ("PAUSED", "CANCELLED") else OK), {}
+    if call.type != INFO:
+        return None
+    if call.f == CANCEL:
+        return (OK if status == "CANCELLED" else FAIL), {}
+    if call.f == PAUSE:
+        return (OK if status == "PAUSED" else FAIL), {}
+    return _patch_outcome(call, epoch(str(view.get("executeAt"))), before)
+
+
+def _patch_outcome(
+    call: Call, execute_at: float | None, before: float | None
+) -> tuple[str, dict[str, Any]]:
+    if execute_at is not None and abs(execute_at - call["executeAt"]) <= SAME_TIME:
+        return OK, {}
+    if execute_at is not None and before is not None and abs(execute_at - before) <= SAME_TIME:
+        return FAIL, {}
+    return INFO, {"neither": True}  # either may go out
+
+
+def _settled(done: Op, type_: str, view: Mapping[str, Any], extra: dict[str, Any]) -> Op:
+    value = {**done.value, "settled": view.get("status"), **extra}
+    return Op(done.index, done.process, type_, done.f, done.at, done.schedule, value)
+
+
+def _times_before(history: History) -> dict[int, float]:
+    """For each PATCH (its invoke's index), the executeAt its schedule had
+    when it was sent: the create's, or the last PATCH's that took."""
+    current: dict[str, float] = {}
+    before: dict[int, float] = {}
+    for call in history.calls(CREATE, PATCH):
+        if call.f == PATCH:
+            if call.schedule in current:
+                before[call.invoke.index] = current[call.schedule]
+            if call.type != OK:
+                continue
+        if call.type == OK and call.get("executeAt") is not None:
+            current[call.schedule] = call["executeAt"]
+    return before
+
+
+def _bulk_takings(history: History, views: Views) -> dict[int, Op]:
+    """Each group's last bulk-cancel answer, with the members it took."""
+    cancelled = {call.schedule for call in history.calls(CANCEL) if call.type == OK}
+    last: dict[str, Call] = {}
+    for call in history.calls(BULK_CANCEL):
+        last[call["group"]] = call
+    took: dict[str, list[str]] = {group: [] for group in last}
+    for call in history.calls(CREATE):
+        group = call.get("group")
+        view = views.get(call.schedule)
+        if (
+            group in took
+            and call.type == OK
+            and call.schedule not in cancelled
+            and view is not None
+            and view.get("status") == "CANCELLED"
+        ):
+            took[group].append(call.schedule)
+    replaced = {}
+    for group, call in last.items():
+        if call.done is None:
+            continue
+        done = call.done
+        value = {**done.value, "took": sorted(took[group])}
+        replaced[done.index] = Op(
+            done.index, done.process, done.type, done.f, done.at, done.schedule, value
+        )
+    return replaced
+
+
+async def read_views(
+    urls: Callable[[], Iterable[str]], ids: Iterable[str], headers: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Each schedule's view from the first node (of ``urls()``, asked anew
+    for each) that shows it."""
+    found: dict[str, dict[str, Any]] = {}
+    limit = asyncio.Semaphore(16)
+
+    async def one(session: aiohttp.ClientSession, schedule_id: str) -> None:
+        async with limit:
+            for url in urls():
+                try:
+                    async with session.get(f"{url}/v1/schedules/{schedule_id}") as r:
+                        body = await r.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):  # down
+                    continue
+                if isinstance(body, dict) and "status" in body:
+                    found[schedule_id] = body
+                    return
+
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout, headers=dict(headers)) as session:
+        await asyncio.gather(*(one(session, schedule_id) for schedule_id in sorted(ids)))
+    return found
