@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -214,21 +215,7 @@ class Draw:
             if len(queue) < len(self.kinds):
                 queue.extend(_shuffled(rng, self.kinds))
             count = nodes + sum(change for when, change in changes if when <= at)
-            step: Step | None = None
-            for attempt in range(2):
-                for index, kind in enumerate(queue):
-                    if (kind == "stop" and count <= low) or (kind == "start" and count >= high):
-                        continue
-                    candidate = self._one(rng, kind, at)
-                    if not _busy(held, candidate):
-                        step = candidate
-                        del queue[index]
-                        break
-                if step is not None or attempt:
-                    break
-                # Every kind waiting is blocked: deal the kinds not waiting
-                # (they go behind the blocked ones, so those keep their turn).
-                queue.extend(_shuffled(rng, [k for k in self.kinds if k not in queue]))
+            step = self._next(rng, queue, held, at, forbidden=_forbidden(count, low, high))
             if step is None:
                 continue
             _hold(held, step)
@@ -236,6 +223,26 @@ class Draw:
                 changes.append((at, _count_change(step)))
             drawn.append(step)
         return drawn
+
+    def _next(
+        self,
+        rng: random.Random,
+        queue: list[str],
+        held: dict[str, list[tuple[float, float]]],
+        at: float,
+        *,
+        forbidden: Collection[str],
+    ) -> Step | None:
+        """The step of the first kind in ``queue`` that may start at ``at``,
+        its kind taken off the queue; None when no kind may."""
+        draw = partial(self._one, rng, at=at)
+        step = _first_free(queue, held, forbidden, draw)
+        if step is None:
+            # Every kind waiting is blocked: deal the kinds not waiting (they
+            # go behind the blocked ones, so those keep their turn).
+            queue.extend(_shuffled(rng, [k for k in self.kinds if k not in queue]))
+            step = _first_free(queue, held, forbidden, draw)
+        return step
 
     def _one(self, rng: random.Random, kind: str, at: float) -> Step:
         """A step of ``kind`` with parameters of its own."""
@@ -265,6 +272,29 @@ def _shuffled(rng: random.Random, kinds: Sequence[str]) -> list[str]:
     deck = list(kinds)
     rng.shuffle(deck)
     return deck
+
+
+def _forbidden(count: int, low: int, high: int) -> tuple[str, ...]:
+    """The kinds the node count forbids: a stop at ``low``, a start at ``high``."""
+    return (("stop",) if count <= low else ()) + (("start",) if count >= high else ())
+
+
+def _first_free(
+    queue: list[str],
+    held: dict[str, list[tuple[float, float]]],
+    forbidden: Collection[str],
+    draw: Callable[[str], Step],
+) -> Step | None:
+    """The first step drawn from ``queue`` that holds nothing busy, its kind
+    taken off the queue (a kind ``forbidden`` is passed over undrawn)."""
+    for index, kind in enumerate(queue):
+        if kind in forbidden:
+            continue
+        candidate = draw(kind)
+        if not _busy(held, candidate):
+            del queue[index]
+            return candidate
+    return None
 
 
 def _holding(step: Step) -> list[tuple[str, float]]:
