@@ -450,6 +450,24 @@ def _times(entry: dict[str, Any], where: str, duration: float) -> tuple[float, f
 
 
 def _steps(entry: Any, where: str, duration: float) -> list[Step]:
+    do = _action(entry, where)
+    at, every, until = _times(entry, where, duration)
+    target = _target(entry, where, do)
+    lasting = _number(entry, "for", where, low=0.1, high=3600) if "for" in FIELDS[do] else 0.0
+    restart = entry.get("restart", False)
+    if not isinstance(restart, bool):
+        raise ScenarioError(f"{where}: restart must be true or false")
+    skew = _skew(entry, where) if do == "skew-clock" else 0.0
+    rate = _rate(entry, where) if do == "garbage-gossip" else 0.0
+    times = [at]
+    while every and times[-1] + every <= until:
+        times.append(times[-1] + every)
+    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+
+
+def _action(entry: Any, where: str) -> str:
+    """The entry's ``do``, once the entry is an object naming an action and
+    only the fields that action takes."""
     if not isinstance(entry, dict):
         raise ScenarioError(f"{where}: must be an object")
     do = entry.get("do")
@@ -458,28 +476,29 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
     unknown = set(entry) - {"at", "every", "until", "do"} - FIELDS[do]
     if unknown:
         raise ScenarioError(f"{where}: {do} takes no {', '.join(sorted(unknown))}")
-    at, every, until = _times(entry, where, duration)
+    return str(do)
+
+
+def _target(entry: dict[str, Any], where: str, do: str) -> str:
+    """A node name, or "random" (the default) for an action that takes a
+    target; "" for one that does not."""
     target = entry.get("target", "random" if "target" in FIELDS[do] else "")
     if not isinstance(target, str) or (not target and "target" in FIELDS[do]):
         raise ScenarioError(f"{where}: target must be a node name or 'random'")
-    lasting = _number(entry, "for", where, low=0.1, high=3600) if "for" in FIELDS[do] else 0.0
-    restart = entry.get("restart", False)
-    if not isinstance(restart, bool):
-        raise ScenarioError(f"{where}: restart must be true or false")
-    skew = 0.0
-    if do == "skew-clock":
-        skew = _number(entry, "seconds", where, low=-86400, high=86400)
-        if skew == 0:
-            raise ScenarioError(f"{where}: seconds must not be 0 (no skew)")
-    rate = 0.0
-    if do == "garbage-gossip":
-        rate = (
-            _number(entry, "rate", where, low=1, high=10_000) if "rate" in entry else GARBAGE_RATE
-        )
-    times = [at]
-    while every and times[-1] + every <= until:
-        times.append(times[-1] + every)
-    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+    return target
+
+
+def _skew(entry: dict[str, Any], where: str) -> float:
+    skew = _number(entry, "seconds", where, low=-86400, high=86400)
+    if skew == 0:
+        raise ScenarioError(f"{where}: seconds must not be 0 (no skew)")
+    return skew
+
+
+def _rate(entry: dict[str, Any], where: str) -> float:
+    if "rate" not in entry:
+        return GARBAGE_RATE
+    return _number(entry, "rate", where, low=1, high=10_000)
 
 
 def _draw(entry: dict[str, Any], where: str, duration: float) -> Draw:
