@@ -25,12 +25,50 @@ def render_html(result: dict[str, Any]) -> str:
         [float(result["settings"]["duration"]), *(t for t, _ in points), *(s["t"] for s in samples)]
     )
     events = [(float(e["at"]), str(e["step"])) for e in result["events"]]
+    held, sees = _per_node(samples, "held"), _per_node(samples, "sees")
+    verdict = "PASSED" if result["passed"] else "FAILED"
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in _summary(result)
+    )
+    event_rows = "".join(_event_row(e) for e in result["events"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>chaos: {html.escape(result["scenario"])} — {verdict}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
+th, td {{ text-align: left; padding: 2px 12px 2px 0; }}
+.verdict {{ font-weight: bold; color: {"#2ca02c" if result["passed"] else "#d62728"}; }}
+svg {{ display: block; margin-bottom: 1.5em; }}
+</style></head><body>
+<h1>{html.escape(result["scenario"])} (seed {result["seed"]}):
+<span class="verdict">{verdict}</span></h1>
+<table>{rows}</table>
+<h2>Events</h2>
+<table><tr><th>at</th><th>step</th><th>node</th><th>cluster settled</th></tr>{event_rows}</table>
+<h2>Lateness by due time (s)</h2>
+{_plot("lateness", {"schedules": points}, end, events, dots=True)}
+<h2>Buckets held per node</h2>
+{_plot("buckets", held, end, events)}
+<h2>Alive members each node sees</h2>
+{_plot("members", sees, end, events)}
+</body></html>
+"""
+
+
+def _per_node(samples: Sequence[dict[str, Any]], key: str) -> dict[str, list[tuple[float, Any]]]:
+    """Each node's ``key`` (buckets held, members seen) at each sample's
+    time; None where a sample has none of the node. A node is any that
+    some sample names under "held" or "sees"."""
     nodes = sorted(
         {n for s in samples for n in s["held"]} | {n for s in samples for n in s["sees"]}
     )
-    held = {n: [(s["t"], s["held"].get(n)) for s in samples] for n in nodes}
-    sees = {n: [(s["t"], s["sees"].get(n)) for s in samples] for n in nodes}
-    verdict = "PASSED" if result["passed"] else "FAILED"
+    return {n: [(s["t"], s[key].get(n)) for s in samples] for n in nodes}
+
+
+def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The table at the top of the page: what the run was and what it found."""
     summary = [
         ("network", result.get("network", "")),
         (
@@ -87,38 +125,15 @@ def render_html(result: dict[str, Any]) -> str:
     ]
     if result.get("unfenced"):
         summary.insert(0, ("nodes", "UNFENCED (CHAOS_MODE=unfenced): expected to fail"))
-    rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary
+    return summary
+
+
+def _event_row(event: dict[str, Any]) -> str:
+    return (
+        f"<tr><td>{event['at']:.1f} s</td><td>{html.escape(str(event['step']))}</td>"
+        f"<td>{html.escape(str(event.get('node') or ''))}</td>"
+        f"<td>{html.escape(_settled(event))}</td></tr>"
     )
-    event_rows = "".join(
-        f"<tr><td>{e['at']:.1f} s</td><td>{html.escape(str(e['step']))}</td>"
-        f"<td>{html.escape(str(e.get('node') or ''))}</td>"
-        f"<td>{html.escape(_settled(e))}</td></tr>"
-        for e in result["events"]
-    )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>chaos: {html.escape(result["scenario"])} — {verdict}</title>
-<style>
-body {{ font: 14px system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
-th, td {{ text-align: left; padding: 2px 12px 2px 0; }}
-.verdict {{ font-weight: bold; color: {"#2ca02c" if result["passed"] else "#d62728"}; }}
-svg {{ display: block; margin-bottom: 1.5em; }}
-</style></head><body>
-<h1>{html.escape(result["scenario"])} (seed {result["seed"]}):
-<span class="verdict">{verdict}</span></h1>
-<table>{rows}</table>
-<h2>Events</h2>
-<table><tr><th>at</th><th>step</th><th>node</th><th>cluster settled</th></tr>{event_rows}</table>
-<h2>Lateness by due time (s)</h2>
-{_plot("lateness", {"schedules": points}, end, events, dots=True)}
-<h2>Buckets held per node</h2>
-{_plot("buckets", held, end, events)}
-<h2>Alive members each node sees</h2>
-{_plot("members", sees, end, events)}
-</body></html>
-"""
 
 
 def _ms(summary: dict[str, Any]) -> str:

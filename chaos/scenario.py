@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -214,21 +215,7 @@ class Draw:
             if len(queue) < len(self.kinds):
                 queue.extend(_shuffled(rng, self.kinds))
             count = nodes + sum(change for when, change in changes if when <= at)
-            step: Step | None = None
-            for attempt in range(2):
-                for index, kind in enumerate(queue):
-                    if (kind == "stop" and count <= low) or (kind == "start" and count >= high):
-                        continue
-                    candidate = self._one(rng, kind, at)
-                    if not _busy(held, candidate):
-                        step = candidate
-                        del queue[index]
-                        break
-                if step is not None or attempt:
-                    break
-                # Every kind waiting is blocked: deal the kinds not waiting
-                # (they go behind the blocked ones, so those keep their turn).
-                queue.extend(_shuffled(rng, [k for k in self.kinds if k not in queue]))
+            step = self._next(rng, queue, held, at, forbidden=_forbidden(count, low, high))
             if step is None:
                 continue
             _hold(held, step)
@@ -236,6 +223,26 @@ class Draw:
                 changes.append((at, _count_change(step)))
             drawn.append(step)
         return drawn
+
+    def _next(
+        self,
+        rng: random.Random,
+        queue: list[str],
+        held: dict[str, list[tuple[float, float]]],
+        at: float,
+        *,
+        forbidden: Collection[str],
+    ) -> Step | None:
+        """The step of the first kind in ``queue`` that may start at ``at``,
+        its kind taken off the queue; None when no kind may."""
+        draw = partial(self._one, rng, at=at)
+        step = _first_free(queue, held, forbidden, draw)
+        if step is None:
+            # Every kind waiting is blocked: deal the kinds not waiting (they
+            # go behind the blocked ones, so those keep their turn).
+            queue.extend(_shuffled(rng, [k for k in self.kinds if k not in queue]))
+            step = _first_free(queue, held, forbidden, draw)
+        return step
 
     def _one(self, rng: random.Random, kind: str, at: float) -> Step:
         """A step of ``kind`` with parameters of its own."""
@@ -265,6 +272,29 @@ def _shuffled(rng: random.Random, kinds: Sequence[str]) -> list[str]:
     deck = list(kinds)
     rng.shuffle(deck)
     return deck
+
+
+def _forbidden(count: int, low: int, high: int) -> tuple[str, ...]:
+    """The kinds the node count forbids: a stop at ``low``, a start at ``high``."""
+    return (("stop",) if count <= low else ()) + (("start",) if count >= high else ())
+
+
+def _first_free(
+    queue: list[str],
+    held: dict[str, list[tuple[float, float]]],
+    forbidden: Collection[str],
+    draw: Callable[[str], Step],
+) -> Step | None:
+    """The first step drawn from ``queue`` that holds nothing busy, its kind
+    taken off the queue (a kind ``forbidden`` is passed over undrawn)."""
+    for index, kind in enumerate(queue):
+        if kind in forbidden:
+            continue
+        candidate = draw(kind)
+        if not _busy(held, candidate):
+            del queue[index]
+            return candidate
+    return None
 
 
 def _holding(step: Step) -> list[tuple[str, float]]:
@@ -420,6 +450,24 @@ def _times(entry: dict[str, Any], where: str, duration: float) -> tuple[float, f
 
 
 def _steps(entry: Any, where: str, duration: float) -> list[Step]:
+    do = _action(entry, where)
+    at, every, until = _times(entry, where, duration)
+    target = _target(entry, where, do)
+    lasting = _number(entry, "for", where, low=0.1, high=3600) if "for" in FIELDS[do] else 0.0
+    restart = entry.get("restart", False)
+    if not isinstance(restart, bool):
+        raise ScenarioError(f"{where}: restart must be true or false")
+    skew = _skew(entry, where) if do == "skew-clock" else 0.0
+    rate = _rate(entry, where) if do == "garbage-gossip" else 0.0
+    times = [at]
+    while every and times[-1] + every <= until:
+        times.append(times[-1] + every)
+    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+
+
+def _action(entry: Any, where: str) -> str:
+    """The entry's ``do``, once the entry is an object naming an action and
+    only the fields that action takes."""
     if not isinstance(entry, dict):
         raise ScenarioError(f"{where}: must be an object")
     do = entry.get("do")
@@ -428,28 +476,29 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
     unknown = set(entry) - {"at", "every", "until", "do"} - FIELDS[do]
     if unknown:
         raise ScenarioError(f"{where}: {do} takes no {', '.join(sorted(unknown))}")
-    at, every, until = _times(entry, where, duration)
+    return str(do)
+
+
+def _target(entry: dict[str, Any], where: str, do: str) -> str:
+    """A node name, or "random" (the default) for an action that takes a
+    target; "" for one that does not."""
     target = entry.get("target", "random" if "target" in FIELDS[do] else "")
     if not isinstance(target, str) or (not target and "target" in FIELDS[do]):
         raise ScenarioError(f"{where}: target must be a node name or 'random'")
-    lasting = _number(entry, "for", where, low=0.1, high=3600) if "for" in FIELDS[do] else 0.0
-    restart = entry.get("restart", False)
-    if not isinstance(restart, bool):
-        raise ScenarioError(f"{where}: restart must be true or false")
-    skew = 0.0
-    if do == "skew-clock":
-        skew = _number(entry, "seconds", where, low=-86400, high=86400)
-        if skew == 0:
-            raise ScenarioError(f"{where}: seconds must not be 0 (no skew)")
-    rate = 0.0
-    if do == "garbage-gossip":
-        rate = (
-            _number(entry, "rate", where, low=1, high=10_000) if "rate" in entry else GARBAGE_RATE
-        )
-    times = [at]
-    while every and times[-1] + every <= until:
-        times.append(times[-1] + every)
-    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+    return target
+
+
+def _skew(entry: dict[str, Any], where: str) -> float:
+    skew = _number(entry, "seconds", where, low=-86400, high=86400)
+    if skew == 0:
+        raise ScenarioError(f"{where}: seconds must not be 0 (no skew)")
+    return skew
+
+
+def _rate(entry: dict[str, Any], where: str) -> float:
+    if "rate" not in entry:
+        return GARBAGE_RATE
+    return _number(entry, "rate", where, low=1, high=10_000)
 
 
 def _draw(entry: dict[str, Any], where: str, duration: float) -> Draw:

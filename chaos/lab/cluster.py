@@ -280,18 +280,12 @@ class LocalCluster:
         try:
             views = [get_json(n.url + "/v1/cluster", self.headers) for n in asked]
             names = {n.name for n in live}
-            for view in views:
-                alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
-                if alive != names or not view["buckets"]["settled"]:
-                    return False
+            if not all(_agrees(view, names) for view in views):
+                return False
             owners = views[0]["buckets"]["owners"]
         except (OSError, ValueError, KeyError, TypeError):  # down, or an error body
             return False
-        return (
-            bool(owners)
-            and all(o["owner"] == o["placed"] for o in owners)
-            and not any(o["placed"] in unplaced for o in owners)
-        )
+        return _held_as_placed(owners, unplaced)
 
     def describe(self) -> str:
         """Each live node's view, for the report when something does not settle."""
@@ -428,6 +422,22 @@ class LocalCluster:
             handle.close()
         if self.network is not None:
             self.network.close()
+
+
+def _agrees(view: dict[str, Any], names: set[str]) -> bool:
+    """A node's view counts exactly ``names`` alive and its buckets settled."""
+    alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
+    return alive == names and bool(view["buckets"]["settled"])
+
+
+def _held_as_placed(owners: list[dict[str, Any]], unplaced: Collection[str]) -> bool:
+    """Every bucket is held by the member it is placed on, and none is placed
+    on a node that cannot work it."""
+    return (
+        bool(owners)
+        and all(o["owner"] == o["placed"] for o in owners)
+        and not any(o["placed"] in unplaced for o in owners)
+    )
 
 
 def get_json(url: str, headers: dict[str, str] | None = None) -> Any:
