@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from chaos import brokercheck, rebalance, runner, scenario
+from chaos import brokercheck, rebalance, scenario
+from chaos.run import main as play_scenario
 
 
 def main() -> int:
@@ -71,7 +72,7 @@ def main() -> int:
         except scenario.ScenarioError as exc:
             print(f"chaos: {exc}", file=sys.stderr)
             return 2
-        return runner.main(
+        return play_scenario(
             chosen,
             args.seed,
             args.out,

@@ -22,8 +22,9 @@ from typing import Any
 import aiohttp
 
 from chaos.lab.cluster import LocalCluster
-from chaos.lab.harness import Recorder, iso, until
+from chaos.lab.harness import iso, until
 from chaos.lab.stats import percentile
+from chaos.observe import Recorder
 
 BATCH_SIZE = 500  # the node default: the most one owner can have in flight
 LEASE_TTL = 6.0  # the node default

@@ -1,20 +1,15 @@
-"""What every chaos run uses: a reader that records each delivered record,
-a timestamp format, waiting on a condition with a deadline, and waiting
-until the broker stores a record."""
+"""What every chaos run uses: a timestamp format, waiting on a condition
+with a deadline, and waiting until the broker stores a record."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from datetime import datetime
 
-from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-
-from chaos.checker import Delivery, occurrence
-from node.ops.tail import topic_consumer
 
 
 def iso(when: datetime) -> str:
@@ -29,62 +24,6 @@ def epoch(text: str) -> float | None:
     except ValueError:
         return None
     return when.timestamp() if when.tzinfo is not None else None
-
-
-class Recorder:
-    """Every record of the topic, from the beginning, named by the unit the
-    checker judges: the schedule id, or for the ids in ``recurring`` one
-    occurrence (``chaos.checker.occurrence``)."""
-
-    def __init__(self, bootstrap: str, topic: str, recurring: Container[str] = ()) -> None:
-        self.consumer = topic_consumer(bootstrap, topic)
-        self.recurring = recurring
-        # Each record with the evidence the checker weighs a duplicate by
-        # (value digest, partition, offset) ...
-        self.deliveries: list[Delivery] = []
-        # ... and as the plain tuple chaos/rebalance.py unpacks.
-        self.records: list[tuple[str, int, int, float]] = []  # unit, token, attempt, at
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        self._task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        while True:
-            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
-            received = time.time()
-            for part in batch.values():
-                for record in part:
-                    delivery = self._delivery(record, received)
-                    self.deliveries.append(delivery)
-                    self.records.append(
-                        (delivery.schedule_id, delivery.token, delivery.attempt, delivery.at)
-                    )
-
-    def _delivery(self, record: ConsumerRecord[bytes, bytes], received: float) -> Delivery:
-        headers = dict(record.headers)
-        unit = headers["schedule-id"].decode()
-        if unit in self.recurring:
-            unit = occurrence(unit, headers["execute-at"].decode())
-        return Delivery(
-            unit,
-            int(headers["fence-token"]),
-            int(headers["attempt"]),
-            record.timestamp / 1000,
-            # Equal for a producer's resend of one batch: the bytes it sent twice.
-            digest=hashlib.blake2b(record.value or b"", digest_size=8).hexdigest(),
-            partition=record.partition,
-            offset=record.offset,
-            received=received,
-            # The time it was published for: a rescheduled schedule had others.
-            execute_at=epoch(headers.get("execute-at", b"").decode()),
-        )
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        await self.consumer.stop()
 
 
 async def until(

@@ -1,0 +1,411 @@
+"""The load of a chaos run: the API's clients, each writing what it asked
+and what it was told into the run's history (``chaos/history.py``).
+
+It posts ``rate`` schedules per second through the serving nodes, due 0-4 s
+ahead (one in twenty already due), each labelled with one of GROUPS groups;
+one in fifty is cancelled a moment later. The verbs are in every
+scenario's load (the load's, not a scenario's field: every fault should
+meet them, and at these shares the load stays what it was):
+
+* RESCHEDULE_SHARE of the schedules get a PATCH of their executeAt (later
+  or earlier, at least half a second ahead) up to a second after their
+  create, some of them twice; half of them with ``If-Match`` (the version
+  the last answer gave). A 200 moves the time they are owed at; a 409 (in
+  flight already, or final) or a 412 leaves the time they had;
+* PAUSE_SHARE are paused up to a second after their create, and half of
+  those resumed 0.5-3 s later: a paused one must not go out until resumed,
+  a resumed one is owed again, one never resumed is owed nothing;
+* BULK_CANCELS times a run, ``POST /v1/schedules:cancel`` takes the
+  PENDING and PAUSED schedules of one group (a different one each time)
+  due within BULK_AHEAD seconds;
+* CHAINS recurring schedules, one occurrence every CHAIN_EVERY seconds
+  over the whole load, each occurrence owed once.
+
+Every call goes through ``Api.call``: a serving node picked at random, its
+answer an ``ok`` (2xx), a ``fail`` (any other 4xx) or an ``info`` (no
+answer, or a 5xx: the store may have applied the write before it failed;
+``chaos/settle.py`` asks after the run). A create is tried up to six times,
+as a client would, waiting as long as a 503's or a 429's ``Retry-After``
+asks (at most RETRY_AFTER_CAP); one still refused then is a ``fail`` (a
+record of it anyway is an unknown delivery, not a breach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+
+from chaos.history import (
+    BULK_CANCEL,
+    CANCEL,
+    CREATE,
+    FAIL,
+    INFO,
+    OK,
+    PATCH,
+    PAUSE,
+    RESUME,
+    History,
+    Op,
+)
+from chaos.lab.harness import iso
+
+CANCEL_SHARE = 0.02
+RESCHEDULE_SHARE = 0.04
+RESCHEDULE_AGAIN = 0.25  # of the rescheduled, moved once more
+PAUSE_SHARE = 0.03
+RESUME_SHARE = 0.5  # of the paused, resumed
+VERB_DELAY = 1.0  # a verb follows its schedule's create by up to this (seconds)
+GROUPS = 8  # each schedule's label {"group": "g<k>"}
+BULK_CANCELS = 3  # bulk cancels a run, each of its own group
+BULK_AHEAD = 3.0  # seconds: a bulk cancel's dueBefore, from when it is sent
+# Recurring schedules running through every fault: each occurrence must be
+# delivered once (fire_all with a cap no outage here reaches, so even an
+# occurrence missed by more than the misfire threshold is owed).
+CHAINS = 8
+CHAIN_EVERY = 2.0  # seconds
+CREATE_TRIES = 6
+CHAIN_TRIES = 50
+# The longest wait between two tries of a POST that a 503 asked for.
+RETRY_AFTER_CAP = 2.0
+# Calls in flight at once (a client's connection pool).
+IN_FLIGHT = 64
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None  # None: no answer
+    text: str  # the body, or what went wrong when there was no answer
+    retry_after: str | None = None
+
+    @property
+    def data(self) -> Any:
+        """The body as JSON; None when it is not JSON."""
+        try:
+            return json.loads(self.text)
+        except ValueError:
+            return None
+
+    @property
+    def type(self) -> str:
+        """The op's completion: what the answer says of the call's outcome."""
+        if self.status is not None and 200 <= self.status < 300:
+            return OK
+        return INFO if self.status is None or self.status >= 500 else FAIL
+
+    @property
+    def code(self) -> str | None:
+        error = self.data.get("error") if isinstance(self.data, dict) else None
+        return error.get("code") if isinstance(error, dict) else None
+
+    @property
+    def version(self) -> int | None:
+        """The ``version`` of a schedule's view, when the answer is one."""
+        version = self.data.get("version") if isinstance(self.data, dict) else None
+        return version if isinstance(version, int) else None
+
+    def why(self) -> str:
+        """What a refusal said, for the run's count of refusals."""
+        return self.text if self.status is None else f"HTTP {self.status} {self.text[:200]}"
+
+    def fields(self) -> dict[str, Any]:
+        """What the history keeps of it: the status, the error's code, and
+        the figures a verb's answer carries."""
+        data = self.data if isinstance(self.data, dict) else {}
+        kept = {"status": self.status, "code": self.code}
+        for key in ("version", "cancelled", "more"):
+            if key in data:
+                kept[key] = data[key]
+        return kept
+
+
+class Api:
+    """One call path to the cluster: a serving node picked at random for
+    each call (``serving`` gives their base URLs, as a load balancer would
+    know them)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        serving: Callable[[], Sequence[str]],
+        rng: random.Random,
+    ) -> None:
+        self.session = session
+        self.serving = serving
+        self.rng = rng
+
+    def pick(self) -> str | None:
+        """A serving node's base URL; None: none serves."""
+        urls = self.serving()
+        return self.rng.choice(list(urls)) if urls else None
+
+    async def send(
+        self,
+        node: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        try:
+            async with self.session.request(method, node + path, json=body, headers=headers) as r:
+                return Answer(r.status, await r.text(), r.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return Answer(None, f"{type(exc).__name__} {exc}"[:200])
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer | None:
+        """The answer of a node picked now, or None: no node to ask, nothing sent."""
+        node = self.pick()
+        return None if node is None else await self.send(node, method, path, body, headers)
+
+
+class Load:
+    """The clients of one run; each schedule's calls are one process of the
+    history (its id), made one after another."""
+
+    def __init__(
+        self,
+        history: History,
+        api: Api,
+        rng: random.Random,
+        *,
+        topic: str,
+        rate: float,
+        duration: float,
+    ) -> None:
+        self.history = history
+        self.api = api
+        self.rng = rng
+        self.topic = topic
+        self.rate = rate
+        self.duration = duration
+        # The recurring schedules the topic's reader names occurrence by
+        # occurrence: known before their first occurrence can arrive.
+        self.recurring: set[str] = set()
+
+    async def run(self) -> None:
+        """The whole load, from ``history.started``."""
+        started = self.history.started
+        limit = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(i: int) -> None:
+            async with limit:
+                await self._schedule(i)
+
+        tasks = [asyncio.create_task(self._chain(n)) for n in range(CHAINS)]
+        tasks.append(asyncio.create_task(self._bulk_cancels()))
+        for i in range(int(self.rate * self.duration)):
+            delay = started + i / self.rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+
+    async def _called(
+        self,
+        process: str,
+        f: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        **value: Any,
+    ) -> tuple[Op, Answer] | None:
+        """One call as an invoke and its completion (None: no node to ask,
+        nothing sent, nothing written)."""
+        node = self.api.pick()
+        if node is None:
+            return None
+        schedule = value.pop("schedule", process)
+        invoked = self.history.invoke(process, f, time.time(), schedule, **value)
+        answer = await self.api.send(node, method, path, body, headers)
+        done = self.history.complete(invoked, answer.type, time.time(), **answer.fields())
+        return done, answer
+
+    # -- one-shot schedules ------------------------------------------------------
+
+    async def _schedule(self, i: int) -> None:
+        """Create schedule ``s<i>``; then, drawn by their shares, cancel,
+        reschedule or pause it."""
+        lead = 0.0 if self.rng.random() < 0.05 else self.rng.uniform(1.0, 4.0)
+        execute_at = _to_ms(datetime.now(UTC) + timedelta(seconds=lead))
+        schedule_id = f"s{i}"
+        group = f"g{self.rng.randrange(GROUPS)}"
+        body = {
+            "id": schedule_id,
+            "topic": self.topic,
+            "executeAt": iso(execute_at),
+            "payload": i,
+            "labels": {"group": group},
+        }
+        invoked = self.history.invoke(
+            schedule_id, CREATE, time.time(), schedule_id,
+            executeAt=execute_at.timestamp(), group=group,
+        )  # fmt: skip
+        answer = await self._create(body)
+        if answer is None or answer.type != OK:
+            why = answer.why() if answer is not None else ""
+            self.history.complete(invoked, FAIL, time.time(), error=why)
+            return
+        self.history.complete(invoked, OK, time.time(), version=answer.version)
+        draw = self.rng.random()
+        if draw < CANCEL_SHARE:
+            if lead > 0.5:
+                await self._cancel(schedule_id)
+        elif draw < CANCEL_SHARE + RESCHEDULE_SHARE:
+            await self._reschedule(schedule_id, answer.version)
+        elif draw < CANCEL_SHARE + RESCHEDULE_SHARE + PAUSE_SHARE:
+            await self._pause(schedule_id)
+
+    async def _create(self, body: dict[str, Any]) -> Answer | None:
+        """POST it until a node takes it, CREATE_TRIES at most; the last answer."""
+        last = None
+        for _ in range(CREATE_TRIES):
+            answer = await self.api.call("POST", "/v1/schedules", body)
+            if answer is None:
+                await asyncio.sleep(0.2)
+                continue
+            if answer.status in (200, 201):
+                return answer
+            last = answer
+            # A client keeps the API's contract: a 503 says when to come back
+            # (a store restarting takes seconds, and six tries 0.1 s apart
+            # gave up inside one).
+            await asyncio.sleep(retry_after(answer.retry_after, 0.1))
+        return last
+
+    async def _cancel(self, schedule_id: str) -> None:
+        await self._called(schedule_id, CANCEL, "DELETE", f"/v1/schedules/{schedule_id}")
+
+    async def _reschedule(self, schedule_id: str, version: int | None) -> None:
+        """PATCH a new executeAt, half a second to five ahead (later or
+        earlier than the one it had), once or twice."""
+        while True:
+            await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
+            new = _to_ms(datetime.now(UTC) + timedelta(seconds=self.rng.uniform(0.5, 5.0)))
+            # Half with the version the last answer gave: a 412 if it moved since.
+            match = version is not None and self.rng.random() < 0.5
+            called = await self._called(
+                schedule_id,
+                PATCH,
+                "PATCH",
+                f"/v1/schedules/{schedule_id}",
+                {"executeAt": iso(new)},
+                {"If-Match": f'"{version}"'} if match else None,
+                executeAt=new.timestamp(),
+            )
+            if called is None or called[1].type != OK:
+                return  # unknown (settled after the run), or refused: the time stands
+            version = called[1].version
+            if self.rng.random() >= RESCHEDULE_AGAIN:
+                return
+
+    async def _pause(self, schedule_id: str) -> None:
+        """Pause it; resume half of those paused 0.5-3 s later."""
+        await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
+        path = f"/v1/schedules/{schedule_id}"
+        called = await self._called(schedule_id, PAUSE, "POST", f"{path}:pause")
+        if called is None or called[1].type != OK:
+            return  # paused or not, asked after the run; or in flight already, or final
+        if self.rng.random() >= RESUME_SHARE:
+            return
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        await self._called(schedule_id, RESUME, "POST", f"{path}:resume")
+
+    # -- recurring schedules -----------------------------------------------------
+
+    async def _chain(self, n: int) -> None:
+        """A recurring schedule every CHAIN_EVERY s over the load."""
+        started = self.history.started
+        start = datetime.fromtimestamp(started, UTC).replace(microsecond=0)
+        start += timedelta(seconds=2 + n * CHAIN_EVERY / CHAINS)
+        end = _to_ms(datetime.fromtimestamp(started + self.duration, UTC))
+        schedule_id = f"chain{n}"
+        recurrence = {
+            "every": f"PT{CHAIN_EVERY:g}S",
+            "start": iso(start),
+            "end": iso(end),
+            "misfire": "fire_all",
+            "maxCatchUp": 1000,
+        }
+        body = {"id": schedule_id, "topic": self.topic, "payload": n, "recurrence": recurrence}
+        self.recurring.add(schedule_id)
+        invoked = self.history.invoke(
+            schedule_id, CREATE, time.time(), schedule_id,
+            recurrence={"start": iso(start), "end": iso(end), "every": CHAIN_EVERY},
+        )  # fmt: skip
+        for _ in range(CHAIN_TRIES):
+            answer = await self.api.call("POST", "/v1/schedules", body)
+            if answer is not None and answer.status in (200, 201):
+                self.history.complete(invoked, OK, time.time())
+                return
+            await asyncio.sleep(0.2)
+        self.history.complete(invoked, FAIL, time.time(), error="recurring schedule not accepted")
+        self.recurring.discard(schedule_id)
+
+    # -- bulk cancels ------------------------------------------------------------
+
+    async def _bulk_cancels(self) -> None:
+        """BULK_CANCELS bulk cancels spread over the load, each of a group of
+        its own (so a schedule it took was taken by that one call)."""
+        groups = self.rng.sample(range(GROUPS), BULK_CANCELS)
+        times = sorted(self.rng.uniform(0.15, 0.85) * self.duration for _ in groups)
+        for group, at in zip(groups, times, strict=True):
+            delay = self.history.started + at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._bulk_cancel(f"g{group}")
+
+    async def _bulk_cancel(self, group: str) -> None:
+        """Cancel the group's schedules due within BULK_AHEAD s; safe to
+        repeat, so tried again on no answer or a 5xx (and while ``more``)."""
+        due_before = datetime.now(UTC) + timedelta(seconds=BULK_AHEAD)
+        body = {"labels": {"group": group}, "dueBefore": iso(due_before)}
+        for _ in range(CREATE_TRIES):
+            called = await self._called(
+                "bulk",
+                BULK_CANCEL,
+                "POST",
+                "/v1/schedules:cancel",
+                body,
+                schedule=None,
+                group=group,
+            )
+            if called is None:
+                await asyncio.sleep(0.2)
+                continue
+            answer = called[1]
+            if answer.type == OK and isinstance(answer.data, dict):
+                if not answer.data.get("more"):
+                    return
+            elif answer.type == FAIL and answer.status != 429:
+                return  # refused: asking again changes nothing
+            else:
+                await asyncio.sleep(0.5)
+
+
+def _to_ms(when: datetime) -> datetime:
+    """``when`` cut to whole milliseconds, as the API stores times."""
+    return when.replace(microsecond=when.microsecond // 1000 * 1000)
+
+
+def retry_after(header: str | None, default: float) -> float:
+    """Seconds a Retry-After header asks for (at most RETRY_AFTER_CAP)."""
+    try:
+        return min(RETRY_AFTER_CAP, max(default, float(header))) if header else default
+    except ValueError:
+        return default

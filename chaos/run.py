@@ -1,0 +1,326 @@
+"""One chaos run: a scenario (``chaos/scenario.py``) played against the
+lab's local cluster of real node processes (``chaos/lab/``), under the load
+(``chaos/load.py``), by the fault player (``chaos/faults/player.py``),
+every call and fault written into one history (``chaos/history.py``); then
+the unknown outcomes settled (``chaos/settle.py``) and the history judged
+with what the topic got (``chaos/checker/``).
+
+Each fault gets a window from its start to the end of the recovery
+allowance (failure detection plus a lease TTL); lateness is reported inside
+each window and outside all of them. After each fault the player also
+measures how long the cluster takes to settle again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import secrets
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from chaos.checker import check, passed
+from chaos.checker.model import (
+    bulk_calls,
+    chains,
+    events,
+    expected,
+    refusals,
+    unsettled,
+    verb_answers,
+)
+from chaos.faults.player import Player
+from chaos.history import CANCEL, INFO, History, Topic
+from chaos.lab.cluster import LocalCluster
+from chaos.lab.harness import broker_stores, until
+from chaos.lab.network import Namespaces, probe, sweep
+from chaos.load import Api, Load
+from chaos.observe import Recorder, Sampler, judge_floods, note_stalls, note_unready, replay
+from chaos.scenario import Scenario
+from chaos.settle import needs_views, read_views, settle
+from chaos.summary import render, write
+from node.errors import StoreUnavailable
+from node.store.tenants import TenantStore
+from node.tenants.model import Tenant
+
+BUCKETS = 256  # the nodes' default bucket count
+GRACE = 60.0  # after the load, how long every accepted schedule may take to arrive
+LATE_COPIES = 2.0  # then how long late duplicates, if any, may take to arrive too
+# With AUTH=on, the tenant whose key every call of the run carries.
+ADMIN_TENANT = "chaos-admin"
+
+
+class Run:
+    def __init__(
+        self,
+        scenario: Scenario,
+        data_dir: Path,
+        seed: int,
+        *,
+        unfenced: bool = False,
+        namespaces: bool = True,
+        settle_within: float = 120.0,
+        external: tuple[str, str] | None = None,
+    ) -> None:
+        self.scenario = scenario
+        # The fixed steps and those the seed draws for the ``any`` entries.
+        self.steps = scenario.timeline(seed)
+        # unfenced: nodes run without the fence (CHAOS_MODE=unfenced), to show
+        # that the checker catches what the fence prevents.
+        self.unfenced = unfenced
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.history = History(meta={"buckets": BUCKETS, "scenario": scenario.name, "seed": seed})
+        self.judged = self.history  # settled, and with what was observed, after the run
+        network, filtered, reason = self._network(namespaces, external)
+        mode = "unfenced" if unfenced else "on" if filtered else "off"
+        env = {"CHAOS_MODE": mode}
+        # A fresh key per run signs the gossip (and the wake-up hints); a
+        # scenario without keys runs unsigned, which nodes take only when told.
+        self.cluster_keys: tuple[bytes, ...] = ()
+        if scenario.cluster_keys:
+            self.cluster_keys = (secrets.token_bytes(32),)
+            env["CLUSTER_KEYS"] = ",".join(base64.b64encode(k).decode() for k in self.cluster_keys)
+        else:
+            env["GOSSIP_UNSIGNED"] = "on"
+        self.cluster = LocalCluster(
+            data_dir,
+            env=env,
+            network=network,
+            external=external,
+            durable_broker=any(step.do == "crash-broker" for step in self.steps),
+            auth=scenario.auth,
+        )
+        # Records of earlier runs stay in an external broker's topic.
+        self.topic = f"chaos-{self.cluster.database}" if external else "chaos"
+        self.network = "loopback (no partition in this scenario)"
+        if network is not None or filtered:
+            self.network = self.cluster.partition_kind
+            if filtered:
+                self.network += f"; namespaces not used: {reason}"
+        self.player = Player(
+            self.cluster,
+            self.history,
+            self.rng,
+            unfenced=unfenced,
+            cluster_keys=self.cluster_keys,
+            no_namespaces=reason,
+            settle_within=settle_within,
+        )
+
+    def _network(
+        self, namespaces: bool, external: tuple[str, str] | None
+    ) -> tuple[Namespaces | None, bool, str | None]:
+        """Partitions and cuts take real links where network namespaces work;
+        elsewhere (or with namespaces=False) partitions are the nodes'
+        chaos-mode gossip filter and cuts from one server are skipped. The
+        namespaces (None: none), whether the filter stands in, and why."""
+        if not any(step.needs_namespaces for step in self.steps):
+            return None, False, "no step here cuts a link"
+        sweep()
+        reason = probe() if namespaces else "turned off (--no-namespaces)"
+        if external:
+            # Nodes in namespaces reach only the bridge, not servers
+            # elsewhere (no NAT tools on the kind of host this targets).
+            reason = "the servers are external"
+        if reason is None:
+            return Namespaces(), False, None
+        return None, any(step.partitions for step in self.steps), reason
+
+    # -- the phases --------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        settler: asyncio.Task[None] | None = None
+        try:
+            await self._start_cluster()
+            settler = asyncio.create_task(self.player.settler())
+            load, recorder, sampler = await self._load_under_faults()
+            views = await self._owed_arrive(recorder)
+            await asyncio.sleep(LATE_COPIES)  # late duplicates, if any, arrive too
+            # What no node could show before is asked again.
+            views = {**(await self._views(needs_views(self.history) - set(views))), **views}
+            self._sampling.set()
+            await self._sampler
+            return await self._judge(settle(self.history, views), recorder, sampler, load)
+        finally:
+            if settler is not None:
+                settler.cancel()
+            self.cluster.close()
+
+    async def _start_cluster(self) -> None:
+        self.cluster.start_servers()
+        if self.scenario.auth:
+            self.cluster.api_key = await self._admin_key()
+        if self.cluster.durable_broker:
+            await broker_stores(self.cluster.kafka_bootstrap, 60)
+        await asyncio.gather(
+            *(self.player.start(self.player.new_name()) for _ in range(self.scenario.nodes))
+        )
+        await until(self.cluster.settled, 90, "the first nodes to settle")
+
+    async def _load_under_faults(self) -> tuple[Load, Recorder, Sampler]:
+        """The load and the timeline together, with the sampler beside them;
+        then every step's aftermath."""
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.cluster.headers) as session:
+            sampler = Sampler(self.cluster, self.player.running, self.player.store_cut)
+            api = Api(session, lambda: self._urls(sampler.serving(self.player.running())), self.rng)
+            load = Load(
+                self.history,
+                api,
+                self.rng,
+                topic=self.topic,
+                rate=self.scenario.rate,
+                duration=self.scenario.duration,
+            )
+            # The reader names a recurring schedule's records by occurrence
+            # from its create on.
+            recorder = Recorder(self.cluster.kafka_bootstrap, self.topic, load.recurring)
+            await recorder.start()
+            self.history.started = sampler.started = time.time()
+            self._sampling = asyncio.Event()
+            self._sampler = asyncio.create_task(sampler.run(self._sampling))
+            await asyncio.gather(load.run(), self.player.play_all(self.steps))
+        await self.player.aftermath()
+        return load, recorder, sampler
+
+    def _urls(self, names: list[str]) -> list[str]:
+        return [self.cluster.nodes[name].url for name in names]
+
+    async def _views(self, ids: set[str]) -> dict[str, dict[str, Any]]:
+        return await read_views(
+            lambda: self._urls(self.player.running()), ids, self.cluster.headers
+        )
+
+    async def _owed_arrive(self, recorder: Recorder) -> dict[str, dict[str, Any]]:
+        """Who is owed a delivery: the verbs' unknown outcomes settled, the
+        bulk cancels' takings found; then wait until every unit owed has
+        arrived (or GRACE has passed). The views that settled them."""
+        views = await self._views(needs_views(self.history))
+        owed = expected(settle(self.history, views))
+
+        def all_arrived() -> bool:
+            return owed <= {r[0] for r in recorder.records}
+
+        await until(all_arrived, GRACE, "every accepted schedule", strict=False)
+        return views
+
+    async def _judge(
+        self, settled: History, recorder: Recorder, sampler: Sampler, load: Load
+    ) -> dict[str, Any]:
+        samples = sampler.samples
+        note_stalls(settled, samples)
+        garbage_failed = judge_floods(settled, samples)
+        note_unready(settled, samples)
+        statuses = await self._statuses()
+        await recorder.stop()
+        kept = await replay(
+            self.cluster.kafka_bootstrap, self.topic, load.recurring, len(recorder.records)
+        )
+        self.judged = settled
+        result = check(settled, Topic(tuple(recorder.deliveries), frozenset(kept)))
+        result.update(
+            scenario=self.scenario.name,
+            auth=self.scenario.auth,
+            cluster_keys=bool(self.cluster_keys),
+            skewed_at_end=dict(self.player.skewed),
+            statuses=statuses,
+            stranded=statuses.get("IN_FLIGHT", 0),
+            garbage_failures=len(garbage_failed),
+            garbage_failed=garbage_failed,
+            chains=len(chains(settled)),
+            unfenced=self.unfenced,
+            network=self.network,
+            seed=self.seed,
+            settings=asdict(self.scenario),
+            refused=sum(refusals(settled).values()),
+            cancels_unanswered=sum(1 for c in self.history.calls(CANCEL) if c.type == INFO),
+            verbs=verb_answers(settled),
+            bulk_calls=bulk_calls(settled),
+            unsettled=unsettled(settled),
+            refusals=dict(refusals(settled).most_common(10)),
+            events=events(settled),
+            samples=samples,
+            started=settled.started,
+        )
+        result["passed"] = passed(result)
+        return result
+
+    # -- the store ---------------------------------------------------------------
+
+    async def _admin_key(self) -> str:
+        """An admin tenant and its API key, made in the run's database (the
+        operator routes, /v1/cluster among them, need an admin's key)."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.cluster.mongo_uri, serverSelectionTimeoutMS=5000
+        )
+        tenants = TenantStore(client[self.cluster.database])
+        try:
+            for attempt in range(10):
+                try:
+                    return await tenants.add(
+                        Tenant(name=ADMIN_TENANT, admin=True), datetime.now(UTC)
+                    )
+                except StoreUnavailable:
+                    if attempt == 9:
+                        raise
+                    await asyncio.sleep(1.0)
+            raise AssertionError("unreachable")
+        finally:
+            await client.close()
+
+    async def _statuses(self) -> dict[str, int]:
+        """How many schedules the store holds in each status at the end (a
+        DELIVERY_FAILED one is a schedule given up on, whatever Kafka got)."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.cluster.mongo_uri, serverSelectionTimeoutMS=5000
+        )
+        try:
+            rows = await (
+                await client[self.cluster.database].schedules.aggregate(
+                    [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+                )
+            ).to_list()
+        except PyMongoError as exc:  # a figure for the report, not a verdict
+            return {f"unknown ({type(exc).__name__})": 0}
+        finally:
+            await client.close()
+        return {str(row["_id"]): int(row["n"]) for row in sorted(rows, key=lambda r: str(r["_id"]))}
+
+
+def main(
+    scenario: Scenario,
+    seed: int,
+    out: Path | None,
+    keep: Path | None,
+    *,
+    unfenced: bool = False,
+    namespaces: bool = True,
+    external: tuple[str, str] | None = None,
+) -> int:
+    async def play(data_dir: Path) -> tuple[dict[str, Any], History]:
+        run = Run(
+            scenario, data_dir, seed, unfenced=unfenced, namespaces=namespaces, external=external
+        )
+        return await run.run(), run.judged
+
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        result, history = asyncio.run(play(keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+            result, history = asyncio.run(play(Path(tmp)))
+    print(render(result))
+    if out is not None:
+        write(result, out, history)
+        print(f"wrote {out / 'summary.json'}, {out / 'report.html'} and {out / 'history.jsonl'}")
+    return 0 if result["passed"] else 1
