@@ -13,7 +13,7 @@ from datetime import datetime
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from chaos.checker import Delivery, occurrence
+from chaos.history import Delivery, occurrence
 from node.ops.tail import topic_consumer
 
 
@@ -34,7 +34,7 @@ def epoch(text: str) -> float | None:
 class Recorder:
     """Every record of the topic, from the beginning, named by the unit the
     checker judges: the schedule id, or for the ids in ``recurring`` one
-    occurrence (``chaos.checker.occurrence``)."""
+    occurrence (``chaos.history.occurrence``)."""
 
     def __init__(self, bootstrap: str, topic: str, recurring: Container[str] = ()) -> None:
         self.consumer = topic_consumer(bootstrap, topic)
