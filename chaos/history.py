@@ -175,7 +175,7 @@ class History:
         return op
 
     def invoke(
-        self, process: str, f: str, at: float, schedule: str | None = None, **value: Any
+        self, process: str, f: str, at: float, schedule: str | None = None, /, **value: Any
     ) -> Op:
         if process in self._open:
             raise ValueError(f"{process} invoked {f} before its {self._open[process].f} ended")
@@ -183,7 +183,7 @@ class History:
         self._open[process] = op
         return op
 
-    def complete(self, invoked: Op, type_: str, at: float, **value: Any) -> Op:
+    def complete(self, invoked: Op, type_: str, at: float, /, **value: Any) -> Op:
         if type_ not in COMPLETIONS:
             raise ValueError(f"not a completion: {type_}")
         if self._open.get(invoked.process) is not invoked:
@@ -191,8 +191,10 @@ class History:
         del self._open[invoked.process]
         return self._append(invoked.process, type_, invoked.f, at, invoked.schedule, value)
 
-    def event(self, process: str, f: str, at: float, **value: Any) -> Op:
-        """An op with no invoke: a fault, a note on one, an observation."""
+    def event(self, process: str, f: str, at: float, /, **value: Any) -> Op:
+        """An op with no invoke: a fault, a note on one, an observation. (Its
+        arguments are positional: a fault's value has an ``at`` of its own,
+        seconds from the start.)"""
         return self._append(process, INFO, f, at, None, value)
 
     # -- queries -------------------------------------------------------------

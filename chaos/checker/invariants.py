@@ -1,0 +1,117 @@
+"""The invariants of what the topic got against what the history says the
+cluster owes: nothing lost, nothing early, no claim under a stale token, no
+record gone, no occurrence nobody expected. Pure: no IO, no clock."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from chaos.checker.finding import Finding
+from chaos.checker.model import facts
+from chaos.checker.units import EARLY_TOLERANCE, by_unit, delivered, due, owed
+from chaos.history import OCCURRENCE, History, Topic
+from ring import bucket_for
+
+
+def lost(history: History, topic: Topic) -> Finding:
+    """Accepted, not cancelled (by a DELETE or a bulk cancel) nor still
+    paused at the end, never delivered (a rescheduled one: never by a record
+    carrying its last executeAt)."""
+    known = facts(history)
+    changes = known.changes
+    missing = (
+        set(known.accepted)
+        - known.cancelled
+        - set(changes.bulk_cancelled)
+        - changes.still_paused()
+        - set(owed(known, by_unit(delivered(topic))))
+    )
+    return Finding("lost", tuple(sorted(missing)))
+
+
+def early(history: History, topic: Topic) -> Finding:
+    """Delivered before its executeAt, by the record's timestamp (which the
+    node stamps with its estimate of the store's clock, not its own wall
+    clock, so a node whose clock is off is judged like any other)."""
+    known = facts(history)
+    return Finding(
+        "early",
+        tuple(
+            sorted(
+                unit
+                for unit, copies in owed(known, by_unit(delivered(topic))).items()
+                if unit in known.accepted
+                and any(d.at < due(known, d) - EARLY_TOLERANCE for d in copies)
+            )
+        ),
+    )
+
+
+def early_received(history: History, topic: Topic) -> Finding:
+    """Delivered before its executeAt by when the runner received it
+    (``Delivery.received``, the runner's own clock, the one executeAt was
+    written with), where recorded: a record read before it was due was sent
+    early, whatever any node's clock says."""
+    known = facts(history)
+    return Finding(
+        "early_received",
+        tuple(
+            sorted(
+                unit
+                for unit, copies in owed(known, by_unit(delivered(topic))).items()
+                if unit in known.accepted
+                and any(
+                    d.received is not None and d.received < due(known, d) - EARLY_TOLERANCE
+                    for d in copies
+                )
+            )
+        ),
+    )
+
+
+def stale_claims(history: History, topic: Topic) -> Finding:
+    """A delivery under token t of a schedule that fell due (at the
+    execute-at its record carries, where noted: a rescheduled one had
+    others) after a newer token t' of its bucket had already delivered
+    something. Claims take only due schedules, so t claimed it while t' held
+    the bucket: two live owners, the double claim the fence exists to
+    prevent. (A former owner finishing a batch it claimed before losing the
+    lease delivers only schedules due before the new owner's first
+    delivery: never flagged.)"""
+    known = facts(history)
+    deliveries = delivered(topic)
+    first_by_token: dict[tuple[int, int], float] = {}  # (bucket, token) -> first delivery
+    for d in deliveries:
+        key = (bucket_for(d.schedule, known.buckets), d.token)
+        first_by_token[key] = min(d.at, first_by_token.get(key, d.at))
+    by_bucket: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for (bucket, token), first in first_by_token.items():
+        by_bucket[bucket].append((token, first))
+    stale = set()
+    for d in deliveries:
+        due_at = known.accepted.get(d.schedule_id)
+        if due_at is None:
+            continue
+        if d.execute_at is not None:
+            # The time the record was claimed for: a rescheduled schedule's
+            # accepted time is only its last.
+            due_at = d.execute_at
+        newer = by_bucket[bucket_for(d.schedule, known.buckets)]
+        if any(t > d.token and first < due_at - EARLY_TOLERANCE for t, first in newer):
+            stale.add(d.schedule_id)
+    return Finding("stale_claims", tuple(sorted(stale)))
+
+
+def vanished(history: History, topic: Topic) -> Finding:
+    """Seen in the topic during the run, gone when a fresh reader reads it
+    again at the end (the broker lost an acknowledged record)."""
+    if topic.kept is None:
+        return Finding("vanished", ())
+    return Finding("vanished", tuple(sorted(set(by_unit(delivered(topic))) - topic.kept)))
+
+
+def unexpected_occurrences(history: History, topic: Topic) -> Finding:
+    """An occurrence of a recurring schedule nobody expected (off the
+    chain's grid, or past its end): a chain that doubled or drifted."""
+    unknown = set(by_unit(delivered(topic))) - set(facts(history).accepted)
+    return Finding("unexpected_occurrences", tuple(sorted(u for u in unknown if OCCURRENCE in u)))
