@@ -21,9 +21,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/max_complexity.py 15 node chaos
 
 typecheck: $(STAMP)
-	$(PY) -m mypy node ring membership chaos bench
+	$(PY) -m mypy node ring membership chaos bench tools
 
 unit: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

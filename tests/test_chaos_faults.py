@@ -16,6 +16,7 @@ import msgpack
 import pytest
 
 from chaos.checker import Delivery, check, passed
+from chaos.checker.model import events
 from chaos.faults.garbage import (
     KEYED_MUTATIONS,
     MALFORMED,
@@ -25,10 +26,12 @@ from chaos.faults.garbage import (
     Garbage,
     dropped,
 )
+from chaos.history import NEMESIS, History
 from chaos.lab import cluster as cluster_module
 from chaos.lab.cluster import LocalCluster
+from chaos.observe import judge_floods, note_unready
 from chaos.report import render_html
-from chaos.runner import RETRY_AFTER_CAP, Run, _retry_after, render
+from chaos.run import Run
 from chaos.scenario import (
     ACTIONS,
     HOLDS,
@@ -40,6 +43,7 @@ from chaos.scenario import (
     load,
     parse,
 )
+from chaos.summary import render
 from membership.codec import FLAG_MAC, HEADER_BYTES, MAC_BYTES, VERSION, Codec, DecodeError
 from tests.test_chaos import scenario
 
@@ -367,52 +371,54 @@ def sample(t: float, **not_alive: dict[str, str]) -> dict[str, Any]:
     return {"t": t, "held": {}, "sees": {}, "not_alive": not_alive}
 
 
-def judged(tmp_path: Path, event: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
-    run = Run(load("zombie-pause"), tmp_path, seed=1)
-    run.events = [event]
-    run.samples = samples
-    return run._judge_garbage()
+def judged(event: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
+    """The floods that failed; ``event`` updated with its verdict, as the
+    history now tells it."""
+    history = History(started=0.0)
+    history.event(NEMESIS, event["do"], 10.0, **event)
+    failed = judge_floods(history, samples)
+    [told] = events(history)
+    event.update(told)
+    return failed
 
 
-def test_a_flood_passes_when_the_target_stays_alive_and_drops_rise(tmp_path: Path) -> None:
+def test_a_flood_passes_when_the_target_stays_alive_and_drops_rise() -> None:
     event = flood_event()
     samples = [
         sample(12.0, **{"node-1": {"node-4": "left"}}),
         sample(15.0, **{"node-3": {"node-2": "suspect"}}),  # suspected is not dead
         sample(40.0, **{"node-1": {"node-2": "dead"}}),  # long after: another fault's
     ]
-    assert judged(tmp_path, event, samples) == []
+    assert judged(event, samples) == []
     assert event["garbage"]["passed"]
     assert event["garbage"]["suspected_by"] == ["node-3"]
 
 
-def test_a_flood_fails_when_another_node_declares_the_target_dead(tmp_path: Path) -> None:
+def test_a_flood_fails_when_another_node_declares_the_target_dead() -> None:
     event = flood_event()
     samples = [sample(9.5), sample(24.0, **{"node-1": {"node-2": "dead"}})]  # 4 s after the end
-    assert judged(tmp_path, event, samples) == [event["step"]]
+    assert judged(event, samples) == [event["step"]]
     assert event["garbage"]["declared_dead_by"] == ["node-1"]
 
 
-def test_a_target_already_counted_dead_when_the_flood_began_proves_nothing(
-    tmp_path: Path,
-) -> None:
+def test_a_target_already_counted_dead_when_the_flood_began_proves_nothing() -> None:
     # Still dead to node-1 after an earlier partition: not the garbage's doing.
     event = flood_event()
     samples = [
         sample(9.5, **{"node-1": {"node-2": "dead"}}),
         sample(12.0, **{"node-1": {"node-2": "dead"}, "node-3": {"node-2": "dead"}}),
     ]
-    assert judged(tmp_path, event, samples) == [event["step"]]  # node-3 saw it alive first
+    assert judged(event, samples) == [event["step"]]  # node-3 saw it alive first
     assert event["garbage"]["not_alive_to_at_start"] == ["node-1"]
     assert event["garbage"]["declared_dead_by"] == ["node-3"]
 
 
-def test_a_flood_fails_when_nothing_was_dropped_or_it_never_ran(tmp_path: Path) -> None:
+def test_a_flood_fails_when_nothing_was_dropped_or_it_never_ran() -> None:
     quiet = flood_event(dropped={})
-    assert judged(tmp_path, quiet, []) == [quiet["step"]]
+    assert judged(quiet, []) == [quiet["step"]]
     unfinished = flood_event()
     del unfinished["garbage"]["judged"]
-    assert judged(tmp_path, unfinished, []) == [unfinished["step"]]
+    assert judged(unfinished, []) == [unfinished["step"]]
 
 
 def test_a_failed_flood_fails_the_run() -> None:
@@ -423,15 +429,15 @@ def test_a_failed_flood_fails_the_run() -> None:
 
 
 def test_a_node_under_a_lasting_fault_is_not_picked_for_another(tmp_path: Path) -> None:
-    run = Run(load("zombie-pause"), tmp_path, seed=1)
+    player = Run(load("zombie-pause"), tmp_path, seed=1).player
     for name in ("node-1", "node-2", "node-3", "node-4"):
-        run.ready.add(name)
-        run.cluster.nodes[name] = SimpleNamespace(name=name, alive=True)  # type: ignore[assignment]
-    run.store_cut, run.broker_cut, run.flooded = {"node-1"}, {"node-2"}, {"node-3"}
+        player.ready.add(name)
+        player.cluster.nodes[name] = SimpleNamespace(name=name, alive=True)  # type: ignore[assignment]
+    player.store_cut, player.broker_cut, player.flooded = {"node-1"}, {"node-2"}, {"node-3"}
     # Cut from the store: no calls go to it; cut from the broker: it still takes calls.
-    assert run._running() == ["node-2", "node-3", "node-4"]
-    assert {run._pick(Step(0, "kill")) for _ in range(20)} == {"node-4"}
-    assert run._pick(Step(0, "pause", "node-2", 5)) is None
+    assert player.running() == ["node-2", "node-3", "node-4"]
+    assert {player._pick(Step(0, "kill")) for _ in range(20)} == {"node-4"}
+    assert player._pick(Step(0, "pause", "node-2", 5)) is None
 
 
 def test_without_namespaces_the_cuts_are_skipped_saying_why(tmp_path: Path) -> None:
@@ -439,11 +445,11 @@ def test_without_namespaces_the_cuts_are_skipped_saying_why(tmp_path: Path) -> N
     run = Run(parse("c", scenario(timeline=timeline)), tmp_path, seed=1, namespaces=False)
     assert run.cluster.network is None
     for step in run.steps:
-        assert run._cannot(step) == "needs network namespaces (turned off (--no-namespaces))"
+        assert run.player._cannot(step) == "needs network namespaces (turned off (--no-namespaces))"
     external = Run(
         parse("c", scenario(timeline=timeline)), tmp_path, seed=1, external=("mongodb://x", "y:1")
     )
-    assert "external" in (external._cannot(external.steps[0]) or "")
+    assert "external" in (external.player._cannot(external.steps[0]) or "")
 
 
 def test_auth_and_keys_reach_every_node_and_every_call(tmp_path: Path) -> None:
@@ -581,29 +587,21 @@ def test_a_record_read_before_it_was_due_is_early_whatever_its_timestamp_says() 
 # -- what /readyz said during each fault -----------------------------------------
 
 
-def test_each_lasting_fault_notes_the_readiness_checks_that_failed_while_it_lasted(
-    tmp_path: Path,
-) -> None:
-    run = Run(load("zombie-pause"), tmp_path, seed=1)
+def test_each_lasting_fault_notes_the_readiness_checks_that_failed_while_it_lasted() -> None:
     outage = {"at": 10.0, "do": "crash-broker", "step": "crash the broker", "lasting": 20.0}
     kill = {"at": 12.0, "do": "kill", "step": "kill node-2", "lasting": 0.0}
     skipped = {"at": 5.0, "do": "cut-store", "step": "cut", "lasting": 9.0, "skipped": "no"}
-    run.events = [outage, kill, skipped]
-    run.samples = [
+    history = History(started=0.0)
+    for event in (outage, kill, skipped):
+        history.event(NEMESIS, event["do"], event["at"], **event)
+    samples: list[dict[str, Any]] = [
         {"t": 9.0, "unready": {"node-3": ["store"]}},  # before the outage: not its doing
         {"t": 11.0, "unready": {"node-1": ["broker"]}},
         {"t": 25.0, "unready": {"node-1": ["broker"], "node-2": ["broker", "store"]}},
         {"t": 31.0, "unready": {"node-3": ["broker"]}},  # after it ended
         {"t": 29.0},  # a sample from before readiness was sampled
     ]
-    run._note_unready()
+    note_unready(history, samples)
+    outage, skipped, kill = sorted(events(history), key=lambda e: e["step"])
     assert outage["unready"] == {"broker": ["node-1", "node-2"], "store": ["node-2"]}
     assert "unready" not in kill and "unready" not in skipped
-
-
-def test_a_503_s_retry_after_paces_the_runner_s_next_try_within_a_cap() -> None:
-    assert _retry_after("1", 0.1) == 1.0
-    assert _retry_after("30", 0.1) == RETRY_AFTER_CAP
-    assert _retry_after(None, 0.1) == 0.1
-    assert _retry_after("soon", 0.1) == 0.1
-    assert _retry_after("0", 0.1) == 0.1

@@ -190,7 +190,7 @@ def unknown_verbs() -> History:
     for schedule_id in ("b1", "b2", "p", "q", "m", "n", "x"):
         created(history, schedule_id, group="g1" if schedule_id in ("b1", "b2") else "g0")
     created(history, "b3", group="g2")
-    bulk = history.invoke("bulk", "bulk-cancel", 49.0, group="g1")
+    bulk = history.invoke("bulk", "bulk-cancel", 49.0, None, group="g1")
     history.complete(bulk, OK, 50.0, status=200, cancelled=1)
     called(history, "p", PAUSE, INFO, 40.0)
     called(history, "q", PAUSE, OK, 41.0)
@@ -233,16 +233,19 @@ def test_the_unknown_outcomes_settle_from_the_views() -> None:
 def test_a_resume_settles_resumed_unless_still_paused_or_cancelled() -> None:
     history = History(started=0.0)
     for schedule_id in ("r1", "r2", "r3"):
-        created(history, schedule_id)
+        created(history, schedule_id, group="g5" if schedule_id == "r2" else "g0")
         called(history, schedule_id, PAUSE, OK, 41.0)
         called(history, schedule_id, RESUME, FAIL, 45.5)  # refused: asked after the run
+    bulk = history.invoke("bulk", "bulk-cancel", 44.0, None, group="g5")
+    history.complete(bulk, OK, 45.0, status=200, cancelled=1)
     settled = settle(
         history, {"r1": view("PENDING"), "r2": view("CANCELLED"), "r3": view("PAUSED")}
     )
     found = changes(settled)
     assert found.resumed == {"r1": 45.5}
-    # Cancelled while paused: its pause ended when the resume was sent.
-    assert found.paused["r2"] == [(41.0, 45.4)]
+    # Cancelled while paused (by the bulk cancel): its pause ended when
+    # the resume was sent, and it is owed nothing.
+    assert found.paused["r2"] == [(41.0, 45.4)] and found.bulk_cancelled == {"r2": 45.0}
     assert found.paused["r3"] == [(41.0, None)]
     assert expected(settled) == {"r1"}
 

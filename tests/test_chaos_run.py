@@ -4,19 +4,24 @@ the soak scaled down to a minute, with auth and signed gossip."""
 
 from __future__ import annotations
 
+import random
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from chaos.checker.model import facts
+from chaos.history import CANCEL, INFO, OK, History
 from chaos.lab.network import probe
-from chaos.runner import Run, write
+from chaos.load import Api, Load
+from chaos.run import Run
 from chaos.scenario import load
+from chaos.settle import needs_views, read_views, settle
+from chaos.summary import write
 from tests.conftest import NodeFactory
 from tests.test_chaos import Svgs
 
@@ -54,7 +59,8 @@ async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path
     scenario = load("zombie-pause").scaled(nodes=None, duration=40, rate=25)
     [pause] = scenario.steps
     assert pause.lasting > 10  # longer than the nodes' lease TTL
-    result = await Run(scenario, tmp_path, seed=1).run()
+    run = Run(scenario, tmp_path, seed=1)
+    result = await run.run()
     assert result["passed"], evidence(result, tmp_path)
     assert result["accepted"] - result["occurrences"] + result["refused"] == 1000
     # Eight recurring schedules ran through the pause, every occurrence owed once.
@@ -69,7 +75,11 @@ async def test_a_zombie_owner_paused_past_its_lease_loses_nothing(tmp_path: Path
     [window] = result["windows"]
     assert window["lateness_s"]["count"] > 0
     # The report a person opens: the three plots, with the pause and resume marked.
-    write(result, tmp_path / "out")
+    write(result, tmp_path / "out", run.judged)
+    # The history beside it reads back to what was judged.
+    again = History.read(tmp_path / "out" / "history.jsonl")
+    assert [op.as_dict() for op in again] == [op.as_dict() for op in run.judged]
+    assert facts(again).accepted == facts(run.judged).accepted
     page = Svgs()
     page.feed((tmp_path / "out" / "report.html").read_text())
     assert set(page.plots) == {"lateness", "buckets", "members"}
@@ -108,28 +118,31 @@ async def test_an_isolated_node_loses_nothing_and_rejoins(tmp_path: Path) -> Non
 
 
 async def test_a_delete_without_an_answer_is_settled_by_asking_a_node_afterwards(
-    tmp_path: Path, start_node: NodeFactory
+    start_node: NodeFactory,
 ) -> None:
     # A node paused while a DELETE waited for its answer may have cancelled
     # the schedule: the run asks afterwards instead of calling it lost.
     node = await start_node()
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    for schedule_id in ("s1", "s2"):
+    history = History(started=0.0)
+    for schedule_id in ("s1", "s2", "never-stored"):
         body = {"id": schedule_id, "topic": "t", "executeAt": later, "payload": 1}
-        assert (await node.request("POST", "/v1/schedules", json=body))[0] == 201
+        if schedule_id != "never-stored":
+            assert (await node.request("POST", "/v1/schedules", json=body))[0] == 201
+        created = history.invoke(schedule_id, "create", 1.0, schedule_id, executeAt=2.0)
+        history.complete(created, OK, 1.0)
     assert (await node.request("DELETE", "/v1/schedules/s1"))[0] == 200
-    run = Run(load("zombie-pause"), tmp_path, seed=1)
-    run.ready.add("node-1")
-    run.cluster.nodes["node-1"] = SimpleNamespace(name="node-1", alive=True, url=node.url)  # type: ignore[assignment]
-    run.cancel_unknown = {"s1", "s2", "never-stored"}
-    await run._resolve_unknown_cancels()
-    assert run.cancelled == {"s1"}
-    assert run.cancel_unknown == {"never-stored"}  # no node could say: not counted
+    for schedule_id in ("s1", "s2", "never-stored"):
+        cancel = history.invoke(schedule_id, CANCEL, 3.0, schedule_id)
+        history.complete(cancel, INFO, 4.0, status=None)
+    views = await read_views(lambda: [node.url], needs_views(history), {})
+    settled = settle(history, views)
+    assert facts(settled).cancelled == {"s1"}
+    types = {c.schedule: c.type for c in settled.calls(CANCEL)}
+    assert types == {"s1": OK, "s2": "fail", "never-stored": INFO}  # no node could say
 
 
-async def test_a_delete_answered_with_a_5xx_is_settled_like_one_without_an_answer(
-    tmp_path: Path,
-) -> None:
+async def test_a_delete_answered_with_a_5xx_is_settled_like_one_without_an_answer() -> None:
     # The store failed mid-call (everything, seed 3: the cancel landed, the
     # read after it did not, so the node answered 503): not a refusal, an
     # unknown outcome, settled by asking after the run.
@@ -145,19 +158,18 @@ async def test_a_delete_answered_with_a_5xx_is_settled_like_one_without_an_answe
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    history = History(started=0.0)
     try:
-        run = Run(load("zombie-pause"), tmp_path, seed=1)
-        run.ready.add("node-1")
-        run.cluster.nodes["node-1"] = SimpleNamespace(  # type: ignore[assignment]
-            name="node-1", alive=True, url=f"http://127.0.0.1:{port}"
-        )
         async with aiohttp.ClientSession() as session:
+            api = Api(session, lambda: [f"http://127.0.0.1:{port}"], random.Random(1))
+            load = Load(history, api, random.Random(1), topic="t", rate=1, duration=1)
             for schedule_id in answers:
-                await run._cancel(session, schedule_id)
-        assert run.cancelled == {"s-200"}
-        assert run.cancel_unknown == {"s-503"}
+                await load._cancel(schedule_id)
     finally:
         await runner.cleanup()
+    types = {c.schedule: c.type for c in history.calls(CANCEL)}
+    assert types == {"s-503": INFO, "s-200": OK, "s-409": "fail"}
+    assert needs_views(history) == {"s-503"}
 
 
 # The soak's drawn timeline at this seed, scaled to a minute, has every
