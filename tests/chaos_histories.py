@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from chaos.checker.model import occurrences
 from chaos import history as ops
+from chaos.checker.model import occurrences
 from chaos.history import Delivery, History, Op, Topic
 
 # How long before its answer each call is sent, unless told.
