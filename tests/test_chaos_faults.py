@@ -45,6 +45,7 @@ from chaos.scenario import (
 )
 from chaos.summary import render
 from membership.codec import FLAG_MAC, HEADER_BYTES, MAC_BYTES, VERSION, Codec, DecodeError
+from tests.chaos_histories import created, topic
 from tests.test_chaos import scenario
 
 NEW = ("cut-store", "cut-broker", "skew-clock", "garbage-gossip")
@@ -422,7 +423,7 @@ def test_a_flood_fails_when_nothing_was_dropped_or_it_never_ran() -> None:
 
 
 def test_a_failed_flood_fails_the_run() -> None:
-    result = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.1)])
+    result = check(created({"a": 100.0}), topic(Delivery("a", 1, 1, 100.1)))
     assert passed(result)
     result["garbage_failures"] = 1
     assert not passed(result)
@@ -522,7 +523,7 @@ def test_settled_does_not_ask_a_node_cut_from_the_store_but_expects_it_alive(
 
 
 def test_the_summary_names_auth_the_skew_and_each_flood() -> None:
-    result = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.1, received=100.2)])
+    result = check(created({"a": 100.0}), topic(Delivery("a", 1, 1, 100.1, received=100.2)))
     report = {
         "judged": [10.0, 20.0],
         "datagrams": 1000,
@@ -577,10 +578,10 @@ def test_the_summary_names_auth_the_skew_and_each_flood() -> None:
 def test_a_record_read_before_it_was_due_is_early_whatever_its_timestamp_says() -> None:
     # Stamped on time (a node's idea of the store's clock), yet read by the
     # runner 5 s before executeAt by the runner's own clock: sent early.
-    result = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.01, received=95.0)])
+    result = check(created({"a": 100.0}), topic(Delivery("a", 1, 1, 100.01, received=95.0)))
     assert not passed(result)
     assert (result["early"], result["early_received_ids"]) == (0, ["a"])
-    on_time = check({"a": 100.0}, set(), [Delivery("a", 1, 1, 100.01, received=100.05)])
+    on_time = check(created({"a": 100.0}), topic(Delivery("a", 1, 1, 100.01, received=100.05)))
     assert passed(on_time) and on_time["early_received"] == 0
 
 

@@ -5,11 +5,12 @@ record gone, no occurrence nobody expected. Pure: no IO, no clock."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from chaos.checker.finding import Finding
 from chaos.checker.model import facts
 from chaos.checker.units import EARLY_TOLERANCE, by_unit, delivered, due, owed
-from chaos.history import OCCURRENCE, History, Topic
+from chaos.history import OCCURRENCE, Delivery, History, Topic
 from ring import bucket_for
 
 
@@ -33,18 +34,7 @@ def early(history: History, topic: Topic) -> Finding:
     """Delivered before its executeAt, by the record's timestamp (which the
     node stamps with its estimate of the store's clock, not its own wall
     clock, so a node whose clock is off is judged like any other)."""
-    known = facts(history)
-    return Finding(
-        "early",
-        tuple(
-            sorted(
-                unit
-                for unit, copies in owed(known, by_unit(delivered(topic))).items()
-                if unit in known.accepted
-                and any(d.at < due(known, d) - EARLY_TOLERANCE for d in copies)
-            )
-        ),
-    )
+    return _sent_before_due("early", history, topic, lambda d: d.at)
 
 
 def early_received(history: History, topic: Topic) -> Finding:
@@ -52,21 +42,30 @@ def early_received(history: History, topic: Topic) -> Finding:
     (``Delivery.received``, the runner's own clock, the one executeAt was
     written with), where recorded: a record read before it was due was sent
     early, whatever any node's clock says."""
+    return _sent_before_due("early_received", history, topic, lambda d: d.received)
+
+
+def _sent_before_due(
+    name: str, history: History, topic: Topic, stamp: Callable[[Delivery], float | None]
+) -> Finding:
+    """The units a copy of which is ``stamp``ed before it was due."""
     known = facts(history)
+    units = owed(known, by_unit(delivered(topic)))
     return Finding(
-        "early_received",
+        name,
         tuple(
             sorted(
                 unit
-                for unit, copies in owed(known, by_unit(delivered(topic))).items()
+                for unit, copies in units.items()
                 if unit in known.accepted
-                and any(
-                    d.received is not None and d.received < due(known, d) - EARLY_TOLERANCE
-                    for d in copies
-                )
+                and any(_before(stamp(d), due(known, d) - EARLY_TOLERANCE) for d in copies)
             )
         ),
     )
+
+
+def _before(at: float | None, bound: float) -> bool:
+    return at is not None and at < bound
 
 
 def stale_claims(history: History, topic: Topic) -> Finding:
