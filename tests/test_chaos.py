@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from html.parser import HTMLParser
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 from aiokafka import ConsumerRecord
 
-from chaos import runner
 from chaos.checker import Delivery, check, passed
-from chaos.lab.harness import Recorder, epoch
+from chaos.checker.model import faults
+from chaos.history import History
+from chaos.lab.harness import epoch
+from chaos.observe import STALL_LEAD, Recorder, broker_stalls, note_stalls
 from chaos.report import render_html
-from chaos.runner import STALL_LEAD, Run, broker_stalls, render
 from chaos.scenario import ScenarioError, available, load, parse
+from chaos.summary import render
 from tests.chaos_histories import Load, created, topic
 
 
@@ -179,122 +176,6 @@ def test_a_record_s_execute_at_header_reads_as_epoch_seconds() -> None:
     assert delivery.execute_at == pytest.approx(100.123)
 
 
-# The runner's side: what it does with each answer, and how it settles the
-# unknown ones after the run, against a stand-in for a node's API.
-
-Handler = Callable[[web.Request], web.Response]
-
-
-@pytest.fixture
-async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[Run, dict[str, Handler]]]:
-    """A Run whose one node is a local app routing to ``handlers``, keyed
-    "METHOD path" (the path as the app matches it)."""
-    handlers: dict[str, Handler] = {}
-
-    async def route(request: web.Request) -> web.Response:
-        handler = handlers.get(f"{request.method} {request.path}")
-        if handler is None:
-            return web.json_response({"error": {"code": "not_found"}}, status=404)
-        return handler(request)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", route)
-    site_runner = web.AppRunner(app)
-    await site_runner.setup()
-    site = web.TCPSite(site_runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    run = Run(load("kill-loop"), tmp_path, seed=1)
-    run.ready.add("node-1")
-    run.cluster.nodes["node-1"] = SimpleNamespace(  # type: ignore[assignment]
-        name="node-1", alive=True, url=f"http://127.0.0.1:{port}"
-    )
-    try:
-        yield run, handlers
-    finally:
-        await site_runner.cleanup()
-
-
-def answer(status: int, body: Any) -> Handler:
-    return lambda _request: web.json_response(body, status=status)
-
-
-def view(status: str, execute_at: str = "1970-01-01T00:01:40.000Z") -> Handler:
-    return answer(200, {"status": status, "executeAt": execute_at})
-
-
-async def test_the_runner_moves_a_schedule_only_on_a_200_and_asks_after_no_answer(
-    stand_in: tuple[Run, dict[str, Handler]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run, handlers = stand_in
-    monkeypatch.setattr(runner, "VERB_DELAY", 0.0)
-    monkeypatch.setattr(runner, "RESCHEDULE_AGAIN", 0.0)
-    handlers["PATCH /v1/schedules/ok"] = answer(200, {"status": "PENDING", "version": 3})
-    handlers["PATCH /v1/schedules/claimed"] = answer(409, {"error": {"code": "in_flight"}})
-    handlers["PATCH /v1/schedules/lost"] = answer(503, {"error": {"code": "store_unavailable"}})
-    run.accepted = {"ok": 100.0, "claimed": 100.0, "lost": 100.0}
-    async with aiohttp.ClientSession() as session:
-        for schedule_id in run.accepted:
-            await run._reschedule(session, schedule_id, 2)
-    [created, (moved_to, answered)] = run.reschedules["ok"]
-    assert created == (100.0, None) and answered is not None
-    assert run.accepted["ok"] == moved_to > answered  # at least half a second ahead
-    assert set(run.reschedules) == {"ok"} and run.accepted["claimed"] == 100.0
-    assert set(run.patch_unknown) == {"lost"}
-    assert run.verbs == Counter(
-        {"PATCH 200": 1, "PATCH 409 in_flight": 1, "PATCH 503 store_unavailable": 1}
-    )
-
-
-async def test_the_runner_settles_the_verbs_unknown_outcomes_from_the_views(
-    stand_in: tuple[Run, dict[str, Handler]],
-) -> None:
-    run, handlers = stand_in
-    run.accepted = {s: 100.0 for s in ("b1", "b2", "b3", "p", "q", "m", "n", "x")}
-    run.groups = {"b1": "g1", "b2": "g1", "b3": "g2"}
-    run.bulk = {"g1": 50.0}  # g1 was bulk-cancelled, its call answered at 50
-    run.pause_unknown = {"p": 40.0}
-    run.pauses = {"q": (41.0, 45.0)}
-    run.resume_unknown = {"q": 45.5}
-    run.patch_unknown = {"m": (102.5, 42.0), "n": (103.0, 43.0), "x": (104.0, 44.0)}
-    handlers.update(
-        {
-            "GET /v1/schedules/b1": view("CANCELLED"),
-            "GET /v1/schedules/b2": view("DELIVERED"),
-            "GET /v1/schedules/b3": view("CANCELLED"),  # not of a bulk-cancelled group
-            "GET /v1/schedules/p": view("PAUSED"),
-            "GET /v1/schedules/q": view("PAUSED"),  # the resume did not land
-            "GET /v1/schedules/m": view("PENDING", "1970-01-01T00:01:42.500Z"),  # moved
-            "GET /v1/schedules/n": view("DELIVERED"),  # still at 100: not moved
-        }
-    )  # x: no node shows it
-    await run._resolve_unknown()
-    assert run.bulk_cancelled == {"b1": 50.0}
-    assert run.pauses == {"p": (40.0, None), "q": (41.0, None)}
-    assert not run.resumed and not run.pause_unknown and not run.resume_unknown
-    assert run.reschedules["m"] == [(100.0, None), (102.5, 42.0)] and run.accepted["m"] == 102.5
-    assert "n" not in run.reschedules and run.accepted["n"] == 100.0
-    # x: either time may go out, until a node can say.
-    assert run.reschedules["x"] == [(100.0, None), (104.0, 44.0)] and run.unsure == {"x"}
-    handlers["GET /v1/schedules/x"] = view("PENDING")  # still at 100 after all
-    await run._resolve_unknown()
-    assert "x" not in run.unsure and run.reschedules["x"] == [(100.0, None)]
-    assert run.accepted["x"] == 100.0 and not run.patch_unknown
-
-
-async def test_a_bulk_cancel_is_asked_again_while_more_remain(
-    stand_in: tuple[Run, dict[str, Handler]],
-) -> None:
-    run, handlers = stand_in
-    pages = iter([{"cancelled": 500, "more": True}, {"cancelled": 7, "more": False}])
-    handlers["POST /v1/schedules:cancel"] = lambda _request: web.json_response(next(pages))
-    async with aiohttp.ClientSession() as session:
-        await run._bulk_cancel(session, "g3")
-    [call] = run.bulk_calls
-    assert (call["group"], call["cancelled"], call["answers"]) == ("g3", 507, [200, 200])
-    assert set(run.bulk) == {"g3"}
-
-
 # -- the HTML report -------------------------------------------------------------
 
 
@@ -420,7 +301,10 @@ def test_a_broker_stall_the_nodes_saw_explains_a_deferred_publish() -> None:
         {"t": 484.0, "unready": {"node-4": ["store"]}},  # another check: not the broker
         {"t": 500.0, "unready": {"node-2": ["broker", "store"]}},  # a second, short spell
     ]
-    stalls = broker_stalls(samples, started)
+    assert broker_stalls(samples) == [[452.0, 482.0], [500.0, 500.0]]
+    observed = History(started=started)
+    note_stalls(observed, samples)
+    stalls = faults(observed).broker
     assert [(w.start, w.end) for w in stalls] == [
         (started + 452 - STALL_LEAD, started + 483.0),
         (started + 500 - STALL_LEAD, started + 501.0),
@@ -450,7 +334,11 @@ def test_a_broker_cut_of_one_node_is_not_a_stall_of_the_broker() -> None:
         {"t": float(t), "held": held, "unready": {"node-2": ["broker"], "node-3": ["broker"]}}
         for t in range(10, 15)
     ]
-    assert len(broker_stalls(one, 0.0)) == 1  # any node: explains duplicates
-    assert broker_stalls(one, 0.0, most=True) == []
-    [spell] = broker_stalls([*one, *two], 0.0, most=True)
+    assert len(broker_stalls(one)) == 1  # any node: explains duplicates
+    assert broker_stalls(one, most=True) == []
+    assert broker_stalls([*one, *two], most=True) == [[10.0, 14.0]]
+    observed = History(started=0.0)
+    note_stalls(observed, [*one, *two])
+    [spell] = faults(observed).intended
     assert (spell.start, spell.end) == (10.0 - STALL_LEAD, 15.0)
+    assert len(faults(observed).broker) == 2  # any node: both spells explain duplicates

@@ -115,21 +115,26 @@ class Facts:
     buckets: int
 
 
-_FACTS: weakref.WeakKeyDictionary[History, Facts] = weakref.WeakKeyDictionary()
+# Each history's facts, with the length of the history they were worked
+# out from: ops appended since (the observer's, after the run) mean anew.
+_FACTS: weakref.WeakKeyDictionary[History, tuple[int, Facts]] = weakref.WeakKeyDictionary()
 
 
 def facts(history: History) -> Facts:
-    """The history's facts, worked out once per history."""
+    """The history's facts, worked out once for as long as it does not grow."""
     known = _FACTS.get(history)
-    if known is None:
-        known = _FACTS[history] = Facts(
-            accepted=accepted(history),
-            cancelled=frozenset(c.schedule for c in history.calls(CANCEL) if c.type == OK),
-            changes=changes(history),
-            faults=faults(history),
-            buckets=int(history.meta.get("buckets", 256)),
+    if known is None or known[0] != len(history):
+        known = _FACTS[history] = (
+            len(history),
+            Facts(
+                accepted=accepted(history),
+                cancelled=frozenset(c.schedule for c in history.calls(CANCEL) if c.type == OK),
+                changes=changes(history),
+                faults=faults(history),
+                buckets=int(history.meta.get("buckets", 256)),
+            ),
         )
-    return known
+    return known[1]
 
 
 def accepted(history: History) -> dict[str, float]:
@@ -262,11 +267,12 @@ def faults(history: History) -> Faults:
             broker.append(window)
         if event["do"] == "crash-store":
             crashes.append(Window(label, at, at + lasting))
+    # The observer notes each spell twice over: those any node saw, which
+    # explain a resend, and those most nodes saw, which nobody could work
+    # through (``chaos.observe.note_stalls``).
     for op in history.events(OBSERVER, BROKER_STALL):
         stall = Window(op.value["label"], op.value["start"], op.value["end"])
-        broker.append(stall)
-        if op.value["most"]:
-            intended.append(stall)
+        (intended if op.value["most"] else broker).append(stall)
     return Faults(tuple(windows), tuple(intended), tuple(broker), tuple(crashes))
 
 
