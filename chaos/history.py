@@ -217,6 +217,10 @@ class History:
             if op.client and op.type == INVOKE and (not fs or op.f in fs)
         ]
 
+    def took(self, f: str) -> set[str]:
+        """The schedules a call of ``f`` took effect on (``ok``)."""
+        return {call.schedule for call in self.calls(f) if call.type == OK}
+
     def events(self, process: str = NEMESIS, f: str | None = None) -> list[Op]:
         return [
             op

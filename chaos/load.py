@@ -43,19 +43,8 @@ from typing import Any
 
 import aiohttp
 
-from chaos.history import (
-    BULK_CANCEL,
-    CANCEL,
-    CREATE,
-    FAIL,
-    INFO,
-    OK,
-    PATCH,
-    PAUSE,
-    RESUME,
-    History,
-    Op,
-)
+from chaos import history as ops
+from chaos.history import History, Op
 from chaos.lab.harness import iso
 
 CANCEL_SHARE = 0.02
@@ -98,8 +87,8 @@ class Answer:
     def type(self) -> str:
         """The op's completion: what the answer says of the call's outcome."""
         if self.status is not None and 200 <= self.status < 300:
-            return OK
-        return INFO if self.status is None or self.status >= 500 else FAIL
+            return ops.OK
+        return ops.INFO if self.status is None or self.status >= 500 else ops.FAIL
 
     @property
     def code(self) -> str | None:
@@ -253,15 +242,15 @@ class Load:
             "labels": {"group": group},
         }
         invoked = self.history.invoke(
-            schedule_id, CREATE, time.time(), schedule_id,
+            schedule_id, ops.CREATE, time.time(), schedule_id,
             executeAt=execute_at.timestamp(), group=group,
         )  # fmt: skip
         answer = await self._create(body)
-        if answer is None or answer.type != OK:
+        if answer is None or answer.type != ops.OK:
             why = answer.why() if answer is not None else ""
-            self.history.complete(invoked, FAIL, time.time(), error=why)
+            self.history.complete(invoked, ops.FAIL, time.time(), error=why)
             return
-        self.history.complete(invoked, OK, time.time(), version=answer.version)
+        self.history.complete(invoked, ops.OK, time.time(), version=answer.version)
         draw = self.rng.random()
         if draw < CANCEL_SHARE:
             if lead > 0.5:
@@ -289,7 +278,7 @@ class Load:
         return last
 
     async def _cancel(self, schedule_id: str) -> None:
-        await self._called(schedule_id, CANCEL, "DELETE", f"/v1/schedules/{schedule_id}")
+        await self._called(schedule_id, ops.CANCEL, "DELETE", f"/v1/schedules/{schedule_id}")
 
     async def _reschedule(self, schedule_id: str, version: int | None) -> None:
         """PATCH a new executeAt, half a second to five ahead (later or
@@ -301,14 +290,14 @@ class Load:
             match = version is not None and self.rng.random() < 0.5
             called = await self._called(
                 schedule_id,
-                PATCH,
+                ops.PATCH,
                 "PATCH",
                 f"/v1/schedules/{schedule_id}",
                 {"executeAt": iso(new)},
                 {"If-Match": f'"{version}"'} if match else None,
                 executeAt=new.timestamp(),
             )
-            if called is None or called[1].type != OK:
+            if called is None or called[1].type != ops.OK:
                 return  # unknown (settled after the run), or refused: the time stands
             version = called[1].version
             if self.rng.random() >= RESCHEDULE_AGAIN:
@@ -318,13 +307,13 @@ class Load:
         """Pause it; resume half of those paused 0.5-3 s later."""
         await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
         path = f"/v1/schedules/{schedule_id}"
-        called = await self._called(schedule_id, PAUSE, "POST", f"{path}:pause")
-        if called is None or called[1].type != OK:
+        called = await self._called(schedule_id, ops.PAUSE, "POST", f"{path}:pause")
+        if called is None or called[1].type != ops.OK:
             return  # paused or not, asked after the run; or in flight already, or final
         if self.rng.random() >= RESUME_SHARE:
             return
         await asyncio.sleep(self.rng.uniform(0.5, 3.0))
-        await self._called(schedule_id, RESUME, "POST", f"{path}:resume")
+        await self._called(schedule_id, ops.RESUME, "POST", f"{path}:resume")
 
     # -- recurring schedules -----------------------------------------------------
 
@@ -345,16 +334,18 @@ class Load:
         body = {"id": schedule_id, "topic": self.topic, "payload": n, "recurrence": recurrence}
         self.recurring.add(schedule_id)
         invoked = self.history.invoke(
-            schedule_id, CREATE, time.time(), schedule_id,
+            schedule_id, ops.CREATE, time.time(), schedule_id,
             recurrence={"start": iso(start), "end": iso(end), "every": CHAIN_EVERY},
         )  # fmt: skip
         for _ in range(CHAIN_TRIES):
             answer = await self.api.call("POST", "/v1/schedules", body)
             if answer is not None and answer.status in (200, 201):
-                self.history.complete(invoked, OK, time.time())
+                self.history.complete(invoked, ops.OK, time.time())
                 return
             await asyncio.sleep(0.2)
-        self.history.complete(invoked, FAIL, time.time(), error="recurring schedule not accepted")
+        self.history.complete(
+            invoked, ops.FAIL, time.time(), error="recurring schedule not accepted"
+        )
         self.recurring.discard(schedule_id)
 
     # -- bulk cancels ------------------------------------------------------------
@@ -378,7 +369,7 @@ class Load:
         for _ in range(CREATE_TRIES):
             called = await self._called(
                 "bulk",
-                BULK_CANCEL,
+                ops.BULK_CANCEL,
                 "POST",
                 "/v1/schedules:cancel",
                 body,
@@ -389,10 +380,10 @@ class Load:
                 await asyncio.sleep(0.2)
                 continue
             answer = called[1]
-            if answer.type == OK and isinstance(answer.data, dict):
+            if answer.type == ops.OK and isinstance(answer.data, dict):
                 if not answer.data.get("more"):
                     return
-            elif answer.type == FAIL and answer.status != 429:
+            elif answer.type == ops.FAIL and answer.status != 429:
                 return  # refused: asking again changes nothing
             else:
                 await asyncio.sleep(0.5)

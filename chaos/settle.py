@@ -32,20 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from chaos.history import (
-    BULK_CANCEL,
-    CANCEL,
-    CREATE,
-    FAIL,
-    INFO,
-    OK,
-    PATCH,
-    PAUSE,
-    RESUME,
-    Call,
-    History,
-    Op,
-)
+from chaos import history as ops
+from chaos.history import Call, History, Op
 from chaos.lab.harness import epoch
 
 # executeAt values are whole milliseconds: two this close are one time.
@@ -59,24 +47,24 @@ def needs_views(history: History) -> set[str]:
     and the members of each bulk-cancelled group not cancelled otherwise."""
     unknown = {
         call.schedule
-        for call in history.calls(CANCEL, PAUSE, PATCH)
-        if call.type == INFO and "settled" not in call.done_value
+        for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH)
+        if call.type == ops.INFO and "settled" not in call.done_value
     }
     unknown |= {
         call.schedule
-        for call in history.calls(RESUME)
-        if call.type != OK and "settled" not in call.done_value
+        for call in history.calls(ops.RESUME)
+        if call.type != ops.OK and "settled" not in call.done_value
     }
     return unknown | _bulk_members(history)
 
 
 def _bulk_members(history: History) -> set[str]:
-    groups = {call["group"] for call in history.calls(BULK_CANCEL)}
-    cancelled = {call.schedule for call in history.calls(CANCEL) if call.type == OK}
+    groups = {call["group"] for call in history.calls(ops.BULK_CANCEL)}
+    cancelled = history.took(ops.CANCEL)
     return {
         call.schedule
-        for call in history.calls(CREATE)
-        if call.type == OK and call.get("group") in groups and call.schedule not in cancelled
+        for call in history.calls(ops.CREATE)
+        if call.type == ops.OK and call.get("group") in groups and call.schedule not in cancelled
     }
 
 
@@ -84,7 +72,7 @@ def settle(history: History, views: Views) -> History:
     """The history with every call the views settle replaced by its outcome."""
     replaced: dict[int, Op] = {}
     before = _times_before(history)
-    for call in history.calls(CANCEL, PAUSE, RESUME, PATCH):
+    for call in history.calls(ops.CANCEL, ops.PAUSE, ops.RESUME, ops.PATCH):
         view = views.get(call.schedule)
         if view is None or call.done is None or "settled" in call.done.value:
             continue
@@ -101,16 +89,16 @@ def _outcome(
 ) -> tuple[str, dict[str, Any]] | None:
     """A call's settled type, or None where the view settles nothing."""
     status = view.get("status")
-    if call.f == RESUME:
-        if call.type == OK:
+    if call.f == ops.RESUME:
+        if call.type == ops.OK:
             return None
-        return (FAIL if status in ("PAUSED", "CANCELLED") else OK), {}
-    if call.type != INFO:
+        return (ops.FAIL if status in ("PAUSED", "CANCELLED") else ops.OK), {}
+    if call.type != ops.INFO:
         return None
-    if call.f == CANCEL:
-        return (OK if status == "CANCELLED" else FAIL), {}
-    if call.f == PAUSE:
-        return (OK if status == "PAUSED" else FAIL), {}
+    if call.f == ops.CANCEL:
+        return (ops.OK if status == "CANCELLED" else ops.FAIL), {}
+    if call.f == ops.PAUSE:
+        return (ops.OK if status == "PAUSED" else ops.FAIL), {}
     return _patch_outcome(call, epoch(str(view.get("executeAt"))), before)
 
 
@@ -118,10 +106,10 @@ def _patch_outcome(
     call: Call, execute_at: float | None, before: float | None
 ) -> tuple[str, dict[str, Any]]:
     if execute_at is not None and abs(execute_at - call["executeAt"]) <= SAME_TIME:
-        return OK, {}
+        return ops.OK, {}
     if execute_at is not None and before is not None and abs(execute_at - before) <= SAME_TIME:
-        return FAIL, {}
-    return INFO, {"neither": True}  # either may go out
+        return ops.FAIL, {}
+    return ops.INFO, {"neither": True}  # either may go out
 
 
 def _settled(done: Op, type_: str, view: Mapping[str, Any], extra: dict[str, Any]) -> Op:
@@ -130,34 +118,34 @@ def _settled(done: Op, type_: str, view: Mapping[str, Any], extra: dict[str, Any
 
 
 def _times_before(history: History) -> dict[int, float]:
-    """For each PATCH (its invoke's index), the executeAt its schedule had
+    """For each ops.PATCH (its invoke's index), the executeAt its schedule had
     when it was sent: the create's, or the last PATCH's that took."""
     current: dict[str, float] = {}
     before: dict[int, float] = {}
-    for call in history.calls(CREATE, PATCH):
-        if call.f == PATCH:
+    for call in history.calls(ops.CREATE, ops.PATCH):
+        if call.f == ops.PATCH:
             if call.schedule in current:
                 before[call.invoke.index] = current[call.schedule]
-            if call.type != OK:
+            if call.type != ops.OK:
                 continue
-        if call.type == OK and call.get("executeAt") is not None:
+        if call.type == ops.OK and call.get("executeAt") is not None:
             current[call.schedule] = call["executeAt"]
     return before
 
 
 def _bulk_takings(history: History, views: Views) -> dict[int, Op]:
     """Each group's last bulk-cancel answer, with the members it took."""
-    cancelled = {call.schedule for call in history.calls(CANCEL) if call.type == OK}
+    cancelled = history.took(ops.CANCEL)
     last: dict[str, Call] = {}
-    for call in history.calls(BULK_CANCEL):
+    for call in history.calls(ops.BULK_CANCEL):
         last[call["group"]] = call
     took: dict[str, list[str]] = {group: [] for group in last}
-    for call in history.calls(CREATE):
+    for call in history.calls(ops.CREATE):
         group = call.get("group")
         view = views.get(call.schedule)
         if (
             group in took
-            and call.type == OK
+            and call.type == ops.OK
             and call.schedule not in cancelled
             and view is not None
             and view.get("status") == "CANCELLED"

@@ -18,31 +18,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from chaos import history as ops
 from chaos.faults.kinds import BROKER_FAULTS, CLUSTER_FAULTS, NOT_FAULTS, RECOVERY_ALLOWANCE
-from chaos.history import (
-    BROKER_STALL,
-    BULK_CANCEL,
-    CANCEL,
-    CREATE,
-    INFO,
-    NEMESIS,
-    NOTE,
-    OBSERVER,
-    OK,
-    PATCH,
-    PAUSE,
-    RESUME,
-    Call,
-    History,
-    occurrence,
-)
+from chaos.history import Call, History, occurrence
 
 # Lateness past this, of a unit due outside every fault's intended window,
 # fails a run: outside the faults, deliveries run well under a second late
 # (README, "Chaos"), and inside one a hand-over takes detection plus a lease.
 LATE_OUTSIDE_WINDOWS = 10.0
 # How the load's verbs are named in the count of their answers.
-VERB_NAMES = {PATCH: "PATCH", PAUSE: "pause", RESUME: "resume", BULK_CANCEL: "bulk cancel"}
+VERB_NAMES = {
+    ops.PATCH: "PATCH",
+    ops.PAUSE: "pause",
+    ops.RESUME: "resume",
+    ops.BULK_CANCEL: "bulk cancel",
+}
 
 
 @dataclass(frozen=True)
@@ -67,9 +57,9 @@ class Changes:
     its resume was sent, or None: never resumed);
     ``resumed``: unit -> when its resume answered (lateness counts from there);
     ``moved``: unit -> every executeAt it had, in order, each with when the
-    PATCH that set it answered (None for the first, as created); the last is
+    ops.PATCH that set it answered (None for the first, as created); the last is
     the one in force;
-    ``unsure``: moved units whose last PATCH has no known outcome: their last
+    ``unsure``: moved units whose last ops.PATCH has no known outcome: their last
     two times are both acceptable."""
 
     bulk_cancelled: Mapping[str, float] = field(default_factory=dict)
@@ -128,7 +118,7 @@ def facts(history: History) -> Facts:
             len(history),
             Facts(
                 accepted=accepted(history),
-                cancelled=frozenset(c.schedule for c in history.calls(CANCEL) if c.type == OK),
+                cancelled=frozenset(history.took(ops.CANCEL)),
                 changes=changes(history),
                 faults=faults(history),
                 buckets=int(history.meta.get("buckets", 256)),
@@ -139,8 +129,8 @@ def facts(history: History) -> Facts:
 
 def accepted(history: History) -> dict[str, float]:
     owed: dict[str, float] = {}
-    for call in history.calls(CREATE, PATCH):
-        if call.type != OK:
+    for call in history.calls(ops.CREATE, ops.PATCH):
+        if call.type != ops.OK:
             continue
         recurrence = call.get("recurrence")
         if recurrence is not None:
@@ -168,18 +158,18 @@ def changes(history: History) -> Changes:
     moved: dict[str, list[tuple[float, float | None]]] = {}
     unsure: set[str] = set()
     created: dict[str, float] = {}
-    for call in history.calls(CREATE, PATCH):
-        if call.f == CREATE:
-            if call.type == OK and call.get("executeAt") is not None:
+    for call in history.calls(ops.CREATE, ops.PATCH):
+        if call.f == ops.CREATE:
+            if call.type == ops.OK and call.get("executeAt") is not None:
                 created[call.schedule] = float(call["executeAt"])
             continue
-        if call.type == OK or call.type == INFO:
+        if call.type == ops.OK or call.type == ops.INFO:
             times = moved.setdefault(call.schedule, [(created[call.schedule], None)])
             times.append((float(call["executeAt"]), call.ended))
-        if call.type == INFO:  # no outcome known: either time may go out
+        if call.type == ops.INFO:  # no outcome known: either time may go out
             unsure.add(call.schedule)
     taken = {
-        unit: call.ended for call in history.calls(BULK_CANCEL) for unit in call.get("took", ())
+        unit: call.ended for call in history.calls(ops.BULK_CANCEL) for unit in call.get("took", ())
     }
     paused, resumed = _pauses(history)
     return Changes(taken, paused, resumed, moved, frozenset(unsure))
@@ -188,22 +178,22 @@ def changes(history: History) -> Changes:
 def _pauses(
     history: History,
 ) -> tuple[dict[str, list[tuple[float, float | None]]], dict[str, float]]:
-    resumes = {call.schedule: call for call in history.calls(RESUME)}
+    resumes = {call.schedule: call for call in history.calls(ops.RESUME)}
     paused: dict[str, list[tuple[float, float | None]]] = {}
     resumed: dict[str, float] = {}
-    for call in history.calls(PAUSE):
-        if call.type != OK:
+    for call in history.calls(ops.PAUSE):
+        if call.type != ops.OK:
             continue
         resume = resumes.get(call.schedule)
         end = None if resume is None or _still_paused(resume) else resume.invoke.at
         paused[call.schedule] = [(call.ended, end)]
-        if resume is not None and resume.type == OK:
+        if resume is not None and resume.type == ops.OK:
             resumed[call.schedule] = resume.ended
     return paused, resumed
 
 
 def _still_paused(resume: Call) -> bool:
-    return resume.type != OK and resume.done_value.get("settled") == "PAUSED"
+    return resume.type != ops.OK and resume.done_value.get("settled") == "PAUSED"
 
 
 def expected(history: History) -> set[str]:
@@ -211,7 +201,7 @@ def expected(history: History) -> set[str]:
     settling): accepted, and neither cancelled, bulk-cancelled, still paused
     nor under a cancel or a pause whose outcome is unknown."""
     known = facts(history)
-    doubt = {c.schedule for c in history.calls(CANCEL, PAUSE) if c.type == INFO}
+    doubt = {c.schedule for c in history.calls(ops.CANCEL, ops.PAUSE) if c.type == ops.INFO}
     return (
         set(known.accepted)
         - known.cancelled
@@ -228,8 +218,8 @@ def events(history: History) -> list[dict[str, Any]]:
     """The nemesis's events as the report shows them, each with what later
     notes added, in time order; each fault's with the index of its window."""
     by_op: dict[int, dict[str, Any]] = {}
-    for op in history.events(NEMESIS):
-        if op.f == NOTE:
+    for op in history.events(ops.NEMESIS):
+        if op.f == ops.NOTE:
             by_op[int(op.value["of"])].update({k: v for k, v in op.value.items() if k != "of"})
         else:
             by_op[op.index] = dict(op.value)
@@ -270,7 +260,7 @@ def faults(history: History) -> Faults:
     # The observer notes each spell twice over: those any node saw, which
     # explain a resend, and those most nodes saw, which nobody could work
     # through (``chaos.observe.note_stalls``).
-    for op in history.events(OBSERVER, BROKER_STALL):
+    for op in history.events(ops.OBSERVER, ops.BROKER_STALL):
         stall = Window(op.value["label"], op.value["start"], op.value["end"])
         (intended if op.value["most"] else broker).append(stall)
     return Faults(tuple(windows), tuple(intended), tuple(broker), tuple(crashes))
@@ -292,13 +282,13 @@ def verb_answers(history: History) -> dict[str, int]:
 
 def refusals(history: History) -> Counter[str]:
     """Why each create that never took was refused (its last answer)."""
-    return Counter(str(c.get("error")) for c in history.calls(CREATE) if c.type != OK)
+    return Counter(str(c.get("error")) for c in history.calls(ops.CREATE) if c.type != ops.OK)
 
 
 def bulk_calls(history: History) -> list[dict[str, Any]]:
     """Each bulk cancel: its group, when it began, what its answers said."""
     calls: dict[str, dict[str, Any]] = {}
-    for call in history.calls(BULK_CANCEL):
+    for call in history.calls(ops.BULK_CANCEL):
         entry = calls.setdefault(
             call["group"],
             {
@@ -309,7 +299,7 @@ def bulk_calls(history: History) -> list[dict[str, Any]]:
             },
         )
         entry["answers"].append(call.get("status"))
-        if call.type == OK:
+        if call.type == ops.OK:
             entry["cancelled"] += int(call.get("cancelled") or 0)
     return list(calls.values())
 
@@ -318,11 +308,13 @@ def unsettled(history: History) -> int:
     """Calls whose outcome no node could settle after the run."""
     return sum(
         1
-        for call in history.calls(CANCEL, PAUSE, RESUME)
-        if (call.type == INFO or (call.f == RESUME and call.type != OK))
+        for call in history.calls(ops.CANCEL, ops.PAUSE, ops.RESUME)
+        if (call.type == ops.INFO or (call.f == ops.RESUME and call.type != ops.OK))
         and "settled" not in call.done_value
     ) + len(facts(history).changes.unsure)
 
 
 def chains(history: History) -> list[str]:
-    return [c.schedule for c in history.calls(CREATE) if c.type == OK and c.get("recurrence")]
+    return [
+        c.schedule for c in history.calls(ops.CREATE) if c.type == ops.OK and c.get("recurrence")
+    ]
