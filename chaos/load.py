@@ -37,7 +37,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -162,29 +162,20 @@ class Api:
         return None if node is None else await self.send(node, method, path, body, headers)
 
 
+@dataclass
 class Load:
     """The clients of one run; each schedule's calls are one process of the
     history (its id), made one after another."""
 
-    def __init__(
-        self,
-        history: History,
-        api: Api,
-        rng: random.Random,
-        *,
-        topic: str,
-        rate: float,
-        duration: float,
-    ) -> None:
-        self.history = history
-        self.api = api
-        self.rng = rng
-        self.topic = topic
-        self.rate = rate
-        self.duration = duration
-        # The recurring schedules the topic's reader names occurrence by
-        # occurrence: known before their first occurrence can arrive.
-        self.recurring: set[str] = set()
+    history: History
+    api: Api
+    rng: random.Random
+    topic: str
+    rate: float
+    duration: float
+    # The recurring schedules the topic's reader names occurrence by
+    # occurrence: known before their first occurrence can arrive.
+    recurring: set[str] = field(default_factory=set)
 
     async def run(self) -> None:
         """The whole load, from ``history.started``."""

@@ -20,6 +20,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.faults.garbage import Garbage, dropped, flood
@@ -40,37 +41,30 @@ SETTLE_AFTER = 1.0
 FollowUp = Callable[[int], Coroutine[Any, Any, None]]
 
 
+@dataclass
 class Player:
-    def __init__(
-        self,
-        cluster: LocalCluster,
-        history: History,
-        rng: random.Random,
-        *,
-        unfenced: bool,
-        cluster_keys: tuple[bytes, ...],
-        no_namespaces: str | None,
-        settle_within: float,
-    ) -> None:
-        self.cluster = cluster
-        self.history = history
-        self.rng = rng
-        self.unfenced = unfenced
-        self.cluster_keys = cluster_keys
-        self.no_namespaces = no_namespaces
-        self.settle_within = settle_within
-        self.ready: set[str] = set()
-        self.paused: set[str] = set()
-        self.isolated: set[str] = set()
-        self.store_cut: set[str] = set()  # cut from the database, still gossiping
-        self.broker_cut: set[str] = set()  # cut from the broker
-        self.flooded: set[str] = set()  # under garbage gossip
-        self.skewed: dict[str, float] = {}  # node -> seconds its clock runs off
-        self._partitions = 0  # in force now
-        self._names = 0
-        self._background: list[asyncio.Task[None]] = []
-        # Events waiting for the cluster to settle: one poller serves them all.
-        self._settling: list[tuple[int, float, asyncio.Future[None]]] = []
+    cluster: LocalCluster
+    history: History
+    rng: random.Random
+    unfenced: bool
+    cluster_keys: tuple[bytes, ...]
+    no_namespaces: str | None  # why the run has no network namespaces (None: it has)
+    settle_within: float
+    # What the steps have done to the nodes, as the load and the sampler ask.
+    ready: set[str] = field(default_factory=set)
+    paused: set[str] = field(default_factory=set)
+    isolated: set[str] = field(default_factory=set)
+    store_cut: set[str] = field(default_factory=set)  # cut from the database, still gossiping
+    broker_cut: set[str] = field(default_factory=set)  # cut from the broker
+    flooded: set[str] = field(default_factory=set)  # under garbage gossip
+    skewed: dict[str, float] = field(default_factory=dict)  # node -> seconds its clock is off
+    _partitions: int = 0  # in force now
+    _names: int = 0
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
+    # Events waiting for the cluster to settle: one poller serves them all.
+    _settling: list[tuple[int, float, asyncio.Future[None]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
         self._plays: dict[str, Callable[[Step, str, dict[str, Any]], Awaitable[FollowUp | None]]]
         self._plays = {
             "kill": self._kill,
