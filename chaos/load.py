@@ -374,8 +374,8 @@ class Load:
             if answer.type == ops.OK and isinstance(answer.data, dict):
                 if not answer.data.get("more"):
                     return
-            elif answer.type == ops.FAIL and answer.status != 429:
-                return  # refused: asking again changes nothing
+            elif answer.status is not None and answer.status < 500 and answer.status != 429:
+                return  # refused (or an answer it cannot read): asking again changes nothing
             else:
                 await asyncio.sleep(0.5)
 
