@@ -459,24 +459,63 @@ async def list_schedules(request: web.Request) -> web.Response:
     in due order, otherwise in id order."""
     context = request.app[CONTEXT]
     query = request.query
+    _list_parameters(query)
+    status = _status_filter(query.get("status"))
+    limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
+    tenant = _listed_tenant(request)
+    counts = _one_of(query, "counts", "false", "counts must be true or false") == "true"
+    full = _one_of(query, "view", "basic", "view must be basic (no payloads) or full") == "full"
+    listing = _listing(query, tenant, limit, status)
+    async with context.reads.reading(tenant):
+        page = await context.store.list_page(
+            listing, payloads=full, max_bytes=MAX_PAGE_PAYLOAD_BYTES
+        )
+        counted = await request.app[LISTING_COUNTS].get(context, listing) if counts else {}
+    body: dict[str, Any] = {
+        "schedules": [public_view(d, with_payload=full) for d in page.docs],
+        "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
+        **counted,
+    }
+    return json_response(body)
+
+
+def _list_parameters(query: Any) -> None:
+    """Refuse a parameter a listing does not take, or one given twice (but label)."""
     unknown_parameters(query, _LIST_PARAMETERS)
     for name in set(query) - {"label"}:
         if len(query.getall(name)) > 1:
             raise ValidationFailed(f"{name} may be given once", name)
-    status = query.get("status")
+
+
+def _status_filter(status: str | None) -> str | None:
     if status is not None and status not in Status.__members__:
         raise ValidationFailed(f"status must be one of {', '.join(Status)}", "status")
-    limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
-    requested = query.get("tenant")
+    return status
+
+
+def _listed_tenant(request: web.Request) -> str | None:
+    """The tenant whose schedules are listed: the caller's; with auth off,
+    the ``tenant`` parameter's, or every tenant's without one."""
+    requested = request.query.get("tenant")
     tenant = _caller(request).tenant or (None if requested is None else validate_tenant(requested))
     if requested is not None and tenant != requested:
         _caller(request).scope(requested)  # another tenant's list: 403
-    counts = query.get("counts", "false")
-    if counts not in {"true", "false"}:
-        raise ValidationFailed("counts must be true or false", "counts")
-    view = query.get("view", "basic")
-    if view not in {"basic", "full"}:
-        raise ValidationFailed("view must be basic (no payloads) or full", "view")
+    return tenant
+
+
+# The values of a listing's switches, by parameter.
+_CHOICES = {"counts": ("true", "false"), "view": ("basic", "full")}
+
+
+def _one_of(query: Any, name: str, default: str, refusal: str) -> str:
+    value: str = query.get(name, default)
+    if value not in _CHOICES[name]:
+        raise ValidationFailed(refusal, name)
+    return value
+
+
+def _listing(query: Any, tenant: str | None, limit: int, status: str | None) -> Listing:
+    """The listing the filters and the cursor ask for."""
     listing = Listing(
         tenant=tenant,
         limit=limit,
@@ -489,19 +528,7 @@ async def list_schedules(request: web.Request) -> web.Response:
     )
     if "after" in query:
         listing = dataclasses.replace(listing, after=_decode_cursor(query["after"], listing.by_due))
-    async with context.reads.reading(tenant):
-        page = await context.store.list_page(
-            listing, payloads=view == "full", max_bytes=MAX_PAGE_PAYLOAD_BYTES
-        )
-        counted = (
-            await request.app[LISTING_COUNTS].get(context, listing) if counts == "true" else {}
-        )
-    body: dict[str, Any] = {
-        "schedules": [public_view(d, with_payload=view == "full") for d in page.docs],
-        "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
-        **counted,
-    }
-    return json_response(body)
+    return listing
 
 
 def _label_filter(values: list[str]) -> tuple[str, ...]:
