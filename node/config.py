@@ -628,45 +628,70 @@ def load(
     """
     env = os.environ if environ is None else environ
     given = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags)
+    values = _parse_settings(given, env)
+    values["node_id"] = values["node_id"] or _host_node_id()
+    _require_signed_gossip(values)
+    values["advertise_host"] = values["advertise_host"] or _advertise_host(values["http_bind"][0])
+    _check_together(values)
+    known = {f.name for f in fields(NodeConfig)}
+    return NodeConfig(**{k: v for k, v in values.items() if k in known})
+
+
+def _parse_settings(given: Mapping[str, str | None], env: Mapping[str, str]) -> dict[str, Any]:
+    """Every setting parsed, keyed by its attribute."""
     values: dict[str, Any] = {}
     for setting in SETTINGS:
-        raw = given.get(setting.attr)
-        source = setting.flag
-        if raw is None:
-            raw = env.get(setting.env)
-            source = setting.env
-        if raw is None:
-            raw = setting.default
-            source = setting.env
+        raw, source = _raw_value(setting, given, env)
         try:
             values[setting.attr] = setting.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-    if not values["node_id"]:
-        host = socket.gethostname().split(".")[0]
-        if not _NODE_ID.fullmatch(host):
-            raise ConfigError(
-                f"NODE_ID: not set, and the host name {host!r} is not 1-64 of [A-Za-z0-9._-]: "
-                "set NODE_ID"
-            )
-        values["node_id"] = host
+    return values
+
+
+def _raw_value(
+    setting: Setting, given: Mapping[str, str | None], env: Mapping[str, str]
+) -> tuple[str, str]:
+    """A setting's text, from its flag, else its environment variable, else
+    its default; and the name an error about it gives (the flag, if given)."""
+    flag = given.get(setting.attr)
+    if flag is not None:
+        return flag, setting.flag
+    raw = env.get(setting.env)
+    return (setting.default if raw is None else raw), setting.env
+
+
+def _host_node_id() -> str:
+    """The node id when NODE_ID is not set: the host name's first label."""
+    host = socket.gethostname().split(".")[0]
+    if not _NODE_ID.fullmatch(host):
+        raise ConfigError(
+            f"NODE_ID: not set, and the host name {host!r} is not 1-64 of [A-Za-z0-9._-]: "
+            "set NODE_ID"
+        )
+    return host
+
+
+def _require_signed_gossip(values: Mapping[str, Any]) -> None:
     if not values["cluster_keys"] and not values["gossip_unsigned"]:
         raise ConfigError(
             "CLUSTER_KEYS: not set, so gossip would be unsigned and anyone reaching the gossip "
             "port could add members or declare nodes dead. Set CLUSTER_KEYS on every node "
             "(head -c 32 /dev/urandom | base64), or GOSSIP_UNSIGNED=on on a trusted network"
         )
-    if not values["advertise_host"]:
-        bind_host = values["http_bind"][0]
-        values["advertise_host"] = (
-            socket.gethostname() if bind_host in {"0.0.0.0", "::", ""} else bind_host
-        )
+
+
+def _advertise_host(bind_host: str) -> str:
+    """The address to advertise when ADVERTISE_HOST is not set."""
+    return socket.gethostname() if bind_host in {"0.0.0.0", "::", ""} else bind_host
+
+
+def _check_together(values: Mapping[str, Any]) -> None:
+    """Settings valid one by one that are not together."""
     if values["retry_backoff_max"] < values["retry_backoff"]:
         raise ConfigError("RETRY_BACKOFF_MAX: must not be below RETRY_BACKOFF")
     if values["chaos_clock_skew"] and values["chaos_mode"] == "off":
         raise ConfigError("CHAOS_CLOCK_SKEW: a chaos testing setting; needs CHAOS_MODE on")
-    known = {f.name for f in fields(NodeConfig)}
-    return NodeConfig(**{k: v for k, v in values.items() if k in known})
 
 
 def describe(settings: Sequence[Setting] = SETTINGS) -> str:

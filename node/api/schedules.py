@@ -127,7 +127,26 @@ async def create_batch(request: web.Request) -> web.Response:
     its own (not all or nothing): an item's status is what a single POST of
     it would have answered. The inserts share round trips (group commit)."""
     context = request.app[CONTEXT]
-    data = await read_json(request, BATCH_BODY_LIMIT)
+    items = _batch_items(await read_json(request, BATCH_BODY_LIMIT))
+    now = context.now()
+    scope = _caller(request).scope
+    results: list[dict[str, Any]] = [{} for _ in items]
+    parsed = await _parse_items(items, context, now, scope, results)
+    admitted = await _admit(context, parsed, results)
+    await _insert_items(context, admitted, now, results, request.path)
+    counts = Counter(r["status"] for r in results)
+    return json_response(
+        {
+            "created": counts[201],
+            "existing": counts[200],
+            "rejected": len(items) - counts[201] - counts[200],
+            "results": results,
+        }
+    )
+
+
+def _batch_items(data: Any) -> list[Any]:
+    """The items of a batch body: ``{"schedules": [...]}`` of 1 to MAX_BATCH."""
     items = data.get("schedules") if isinstance(data, dict) else None
     if not isinstance(items, list) or set(data) != {"schedules"}:
         raise ValidationFailed('body must be {"schedules": [schedule, ...]}', "schedules")
@@ -135,9 +154,18 @@ async def create_batch(request: web.Request) -> web.Response:
         raise ValidationFailed(
             f"schedules must hold 1 to {MAX_BATCH} items, got {len(items)}", "schedules"
         )
-    now = context.now()
-    scope = _caller(request).scope
-    results: list[dict[str, Any]] = [{} for _ in items]
+    return items
+
+
+async def _parse_items(
+    items: list[Any],
+    context: ApiContext,
+    now: datetime,
+    scope: Callable[[str | None], str],
+    results: list[dict[str, Any]],
+) -> list[tuple[int, NewSchedule]]:
+    """The items that are valid schedules, by index; the others' refusals go
+    in ``results``."""
     parsed: list[tuple[int, NewSchedule]] = []
     for index, item in enumerate(items):
         if index and not index % YIELD_EVERY:
@@ -148,20 +176,38 @@ async def create_batch(request: web.Request) -> web.Response:
             parsed.append((index, parse_schedule_object(item, context.limits, now, scope)))
         except SchedulerError as exc:
             results[index] = _refused(index, exc)
+    return parsed
+
+
+async def _admit(
+    context: ApiContext, parsed: list[tuple[int, NewSchedule]], results: list[dict[str, Any]]
+) -> list[tuple[int, NewSchedule]]:
+    """The schedules admission lets in; the others' refusals go in ``results``."""
     refusals = await context.admission.check([new for _, new in parsed])
-    valid: list[tuple[int, NewSchedule]] = []
+    admitted: list[tuple[int, NewSchedule]] = []
     for (index, new), refused in zip(parsed, refusals, strict=True):
         if refused is None:
-            valid.append((index, new))
+            admitted.append((index, new))
         else:
             results[index] = _refused(index, refused)
+    return admitted
+
+
+async def _insert_items(
+    context: ApiContext,
+    admitted: list[tuple[int, NewSchedule]],
+    now: datetime,
+    results: list[dict[str, Any]],
+    path: str,
+) -> None:
+    """Insert the schedules together and put each one's answer in ``results``."""
     outcomes = await asyncio.gather(
-        *(context.store.insert(new, now) for _, new in valid), return_exceptions=True
+        *(context.store.insert(new, now) for _, new in admitted), return_exceptions=True
     )
-    for (index, _new), outcome in zip(valid, outcomes, strict=True):
+    for (index, _new), outcome in zip(admitted, outcomes, strict=True):
         if isinstance(outcome, SchedulerError):
             if isinstance(outcome, StoreUnavailable):
-                log.warning("store unavailable", error=str(outcome.__cause__), path=request.path)
+                log.warning("store unavailable", error=str(outcome.__cause__), path=path)
             results[index] = _refused(index, outcome)
         elif isinstance(outcome, BaseException):
             raise outcome
@@ -170,15 +216,6 @@ async def create_batch(request: web.Request) -> web.Response:
             if created:
                 _accepted(context, doc)
             results[index] = _item(index, 201 if created else 200, {"schedule": public_view(doc)})
-    counts = Counter(r["status"] for r in results)
-    return json_response(
-        {
-            "created": counts[201],
-            "existing": counts[200],
-            "rejected": len(items) - counts[201] - counts[200],
-            "results": results,
-        }
-    )
 
 
 def _item(index: int, status: int, answer: dict[str, Any]) -> dict[str, Any]:
@@ -422,24 +459,63 @@ async def list_schedules(request: web.Request) -> web.Response:
     in due order, otherwise in id order."""
     context = request.app[CONTEXT]
     query = request.query
+    _list_parameters(query)
+    status = _status_filter(query.get("status"))
+    limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
+    tenant = _listed_tenant(request)
+    counts = _one_of(query, "counts", "false", "counts must be true or false") == "true"
+    full = _one_of(query, "view", "basic", "view must be basic (no payloads) or full") == "full"
+    listing = _listing(query, tenant, limit, status)
+    async with context.reads.reading(tenant):
+        page = await context.store.list_page(
+            listing, payloads=full, max_bytes=MAX_PAGE_PAYLOAD_BYTES
+        )
+        counted = await request.app[LISTING_COUNTS].get(context, listing) if counts else {}
+    body: dict[str, Any] = {
+        "schedules": [public_view(d, with_payload=full) for d in page.docs],
+        "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
+        **counted,
+    }
+    return json_response(body)
+
+
+def _list_parameters(query: Any) -> None:
+    """Refuse a parameter a listing does not take, or one given twice (but label)."""
     unknown_parameters(query, _LIST_PARAMETERS)
     for name in set(query) - {"label"}:
         if len(query.getall(name)) > 1:
             raise ValidationFailed(f"{name} may be given once", name)
-    status = query.get("status")
+
+
+def _status_filter(status: str | None) -> str | None:
     if status is not None and status not in Status.__members__:
         raise ValidationFailed(f"status must be one of {', '.join(Status)}", "status")
-    limit = page_size(query, MAX_PAGE, DEFAULT_PAGE)
-    requested = query.get("tenant")
+    return status
+
+
+def _listed_tenant(request: web.Request) -> str | None:
+    """The tenant whose schedules are listed: the caller's; with auth off,
+    the ``tenant`` parameter's, or every tenant's without one."""
+    requested = request.query.get("tenant")
     tenant = _caller(request).tenant or (None if requested is None else validate_tenant(requested))
     if requested is not None and tenant != requested:
         _caller(request).scope(requested)  # another tenant's list: 403
-    counts = query.get("counts", "false")
-    if counts not in {"true", "false"}:
-        raise ValidationFailed("counts must be true or false", "counts")
-    view = query.get("view", "basic")
-    if view not in {"basic", "full"}:
-        raise ValidationFailed("view must be basic (no payloads) or full", "view")
+    return tenant
+
+
+# The values of a listing's switches, by parameter.
+_CHOICES = {"counts": ("true", "false"), "view": ("basic", "full")}
+
+
+def _one_of(query: Any, name: str, default: str, refusal: str) -> str:
+    value: str = query.get(name, default)
+    if value not in _CHOICES[name]:
+        raise ValidationFailed(refusal, name)
+    return value
+
+
+def _listing(query: Any, tenant: str | None, limit: int, status: str | None) -> Listing:
+    """The listing the filters and the cursor ask for."""
     listing = Listing(
         tenant=tenant,
         limit=limit,
@@ -452,19 +528,7 @@ async def list_schedules(request: web.Request) -> web.Response:
     )
     if "after" in query:
         listing = dataclasses.replace(listing, after=_decode_cursor(query["after"], listing.by_due))
-    async with context.reads.reading(tenant):
-        page = await context.store.list_page(
-            listing, payloads=view == "full", max_bytes=MAX_PAGE_PAYLOAD_BYTES
-        )
-        counted = (
-            await request.app[LISTING_COUNTS].get(context, listing) if counts == "true" else {}
-        )
-    body: dict[str, Any] = {
-        "schedules": [public_view(d, with_payload=view == "full") for d in page.docs],
-        "next": _encode_cursor(page.docs[-1], listing.by_due) if page.more and page.docs else None,
-        **counted,
-    }
-    return json_response(body)
+    return listing
 
 
 def _label_filter(values: list[str]) -> tuple[str, ...]:

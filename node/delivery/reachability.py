@@ -142,33 +142,41 @@ class Workers:
 
     def __call__(self, alive: Mapping[str, Mapping[str, str]]) -> list[str]:
         now = self.monotonic()
-        self._cut_seen = {
-            (member, server): self._cut_seen.get((member, server), now)
-            for member, meta in alive.items()
-            for server in (STORE, BROKER)
-            if meta.get(server) == CUT
-        }
-        able = [m for m in alive if not self._is_cut(m, STORE) and not self._is_cut(m, BROKER)]
-        leasing = [m for m in alive if not self._is_cut(m, STORE)]
-        for server, others in ((BROKER, able), (STORE, leasing)):
-            since = self._since[server]
-            self._since[server] = (now if since is None else since) if others else None
-        placed = [
-            m
-            for m in alive
-            if self._left_out_at(m, STORE) > now and self._left_out_at(m, BROKER) > now
-        ]
-        self._waiting = any(
-            self._left_out_at(m, server) < float("inf")
-            for m in placed
-            for server in (STORE, BROKER)
-        )
+        self._see_cuts(alive, now)
+        self._see_others(alive, now)
+        placed = [m for m in alive if self._placeable(m, now)]
+        self._waiting = any(self._to_be_left_out(m) for m in placed)
         return placed
 
     def pending(self) -> bool:
         """Whether the last answer placed a member whose cut will leave it out
         once its grace runs out (it may have by now): ask again."""
         return self._waiting
+
+    def _see_cuts(self, alive: Mapping[str, Mapping[str, str]], now: float) -> None:
+        """Keep when each cut still advertised was first seen; forget the rest."""
+        self._cut_seen = {
+            (member, server): self._cut_seen.get((member, server), now)
+            for member, meta in alive.items()
+            for server in (STORE, BROKER)
+            if meta.get(server) == CUT
+        }
+
+    def _see_others(self, alive: Mapping[str, Mapping[str, str]], now: float) -> None:
+        """Keep since when, per server, some member could do a cut member's work."""
+        able = [m for m in alive if not self._is_cut(m, STORE) and not self._is_cut(m, BROKER)]
+        leasing = [m for m in alive if not self._is_cut(m, STORE)]
+        for server, others in ((BROKER, able), (STORE, leasing)):
+            since = self._since[server]
+            self._since[server] = (now if since is None else since) if others else None
+
+    def _placeable(self, member: str, now: float) -> bool:
+        """Whether no cut leaves the member out of the placement by ``now``."""
+        return self._left_out_at(member, STORE) > now and self._left_out_at(member, BROKER) > now
+
+    def _to_be_left_out(self, member: str) -> bool:
+        """Whether a cut will leave the member out once its grace runs out."""
+        return any(self._left_out_at(member, server) < float("inf") for server in (STORE, BROKER))
 
     def _is_cut(self, member: str, server: str) -> bool:
         return (member, server) in self._cut_seen

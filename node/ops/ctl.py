@@ -203,31 +203,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     client = Client(args.url, args.api_key)
     try:
-        if args.action == "members":
-            print_members(client.get("/v1/cluster"), out)
-        elif args.action == "owners":
-            print_owners(client.get("/v1/cluster"), args.bucket, out)
-        elif args.action == "schedule":
-            print_json(client.send("POST", "/v1/schedules", schedule_body(args)), out)
-        elif args.action == "get":
-            print_json(client.get(schedule_path(args.id)), out)
-        elif args.action == "list":
-            list_schedules(client, args, out)
-        elif args.action == "reschedule":
-            body = {"executeAt": execute_at(args)}
-            print_json(client.send("PATCH", schedule_path(args.id), body, if_match(args)), out)
-        elif args.action in VERBS:
-            path = f"{schedule_path(args.id)}:{args.action}"
-            print_json(client.send("POST", path, None, if_match(args)), out)
-        elif args.action == "cancel":
-            if args.id is None:
-                print_json(cancel_matching(client, cancel_filter(args)), out)
-            elif cancel_filter(args, required=False):
-                raise ValueError("cancel takes an ID or filters, not both")
-            else:
-                print_json(client.send("DELETE", schedule_path(args.id)), out)
-        elif args.action == "drain":
-            print_json(client.send("POST", "/v1/admin/drain"), out)
+        perform(client, args, out)
     except Refused as exc:
         print(f"ctl: refused: {exc}", file=err)
         return 1
@@ -238,6 +214,39 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"ctl: {exc}", file=err)
         return 2
     return 0
+
+
+def perform(client: Client, args: argparse.Namespace, out: TextIO) -> None:
+    """Carry out the command ``args.action`` names and print what the node answered."""
+    if args.action == "members":
+        print_members(client.get("/v1/cluster"), out)
+    elif args.action == "owners":
+        print_owners(client.get("/v1/cluster"), args.bucket, out)
+    elif args.action == "schedule":
+        print_json(client.send("POST", "/v1/schedules", schedule_body(args)), out)
+    elif args.action == "get":
+        print_json(client.get(schedule_path(args.id)), out)
+    elif args.action == "list":
+        list_schedules(client, args, out)
+    elif args.action == "reschedule":
+        body = {"executeAt": execute_at(args)}
+        print_json(client.send("PATCH", schedule_path(args.id), body, if_match(args)), out)
+    elif args.action in VERBS:
+        path = f"{schedule_path(args.id)}:{args.action}"
+        print_json(client.send("POST", path, None, if_match(args)), out)
+    elif args.action == "cancel":
+        print_json(cancel(client, args), out)
+    elif args.action == "drain":
+        print_json(client.send("POST", "/v1/admin/drain"), out)
+
+
+def cancel(client: Client, args: argparse.Namespace) -> Any:
+    """Cancel the schedule named, or every one the filters match."""
+    if args.id is None:
+        return cancel_matching(client, cancel_filter(args))
+    if cancel_filter(args, required=False):
+        raise ValueError("cancel takes an ID or filters, not both")
+    return client.send("DELETE", schedule_path(args.id))
 
 
 def schedule_path(schedule_id: str) -> str:

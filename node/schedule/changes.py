@@ -65,15 +65,28 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
     occurrence after ``now``. Either starts its attempts afresh and moves
     its deadline with it."""
     _require(doc, CHANGEABLE, "changed")
-    named = request.named
     sets: dict[str, Any] = {}
     unsets: set[str] = set()
+    execute_at, recurring = _patch_time(doc, request, now, sets, unsets)
+    _patch_expiry(doc, request, execute_at, recurring, sets, unsets)
+    _patch_content(request, sets, unsets)
+    pending = doc["status"] == Status.PENDING.value
+    due_at = sets.get("dueAt") if pending else None
+    return Change(sets, frozenset(unsets), due_at)
+
+
+def _patch_time(
+    doc: dict[str, Any], request: Patch, now: datetime, sets: dict[str, Any], unsets: set[str]
+) -> tuple[datetime | None, bool]:
+    """Add what a new ``executeAt`` or ``recurrence`` changes. Returns when
+    the schedule is due after the change (None: no new time) and whether it
+    is recurring then."""
     recurring = bool(doc.get("recurrence"))
     execute_at: datetime | None = None
     if request.execute_at is not None:
         execute_at = request.execute_at
         if recurring:
-            unsets |= {"recurrence", "triggeredAt"}
+            unsets.update({"recurrence", "triggeredAt"})
             recurring = False
     if request.recurrence is not None:
         first = request.recurrence.first(now)
@@ -91,10 +104,23 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
             recurring = True
     if execute_at is not None:
         sets.update(executeAt=execute_at, dueAt=execute_at, attempts=0)
+    return execute_at, recurring
+
+
+def _patch_expiry(
+    doc: dict[str, Any],
+    request: Patch,
+    execute_at: datetime | None,
+    recurring: bool,
+    sets: dict[str, Any],
+    unsets: set[str],
+) -> None:
+    """Add the expiry after the change: the one the request names, else the
+    stored one moved with a new time; a one-shot's only."""
     stored_expiry = doc.get("expireAfterMs")
     expire_after = (
         request.expire_after
-        if "expireAfter" in named
+        if "expireAfter" in request.named
         else (None if stored_expiry is None else int(stored_expiry) * _MS)
     )
     if expire_after is not None:
@@ -106,12 +132,17 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
             )
         sets.update(expiry_fields(execute_at or aware(doc["executeAt"]), expire_after))
     elif stored_expiry is not None:
-        unsets |= {"expireAfterMs", "deadline"}
+        unsets.update({"expireAfterMs", "deadline"})
+
+
+def _patch_content(request: Patch, sets: dict[str, Any], unsets: set[str]) -> None:
+    """Add what the request sets or clears of the message and its labels."""
+    named = request.named
     if request.payload is not None:
         payload, sets["payloadFormat"] = request.payload
         stored, elsewhere = payload_fields(payload)
         sets.update(stored)
-        unsets |= elsewhere
+        unsets.update(elsewhere)
     _set_or_clear(sets, unsets, "key", named, request.key)
     if request.headers is not None:
         sets["headers"] = request.headers
@@ -119,9 +150,6 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
     _set_or_clear(sets, unsets, "retry", named, retry)
     labels = label_pairs(request.labels) if request.labels else None
     _set_or_clear(sets, unsets, "labels", named, labels)
-    pending = doc["status"] == Status.PENDING.value
-    due_at = sets.get("dueAt") if pending else None
-    return Change(sets, frozenset(unsets), due_at)
 
 
 def pause(doc: dict[str, Any], now: datetime) -> Change | None:

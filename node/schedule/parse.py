@@ -353,6 +353,15 @@ def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
     """Validate a PATCH /v1/schedules/{id} body. What it asks of the stored
     schedule (its status, one-shot or recurring) is judged against the
     schedule itself (``node/schedule/changes.py``)."""
+    _check_patch_fields(data)
+    fields = {**_parse_patch_time(data, limits, now), **_parse_patch_content(data, limits)}
+    return Patch(named=frozenset(data), **fields)
+
+
+def _check_patch_fields(data: Any) -> None:
+    """Refuse a body that is not an object, names no field or one that cannot
+    be changed, clears one that cannot be cleared, or names two that exclude
+    each other."""
     if not isinstance(data, dict):
         raise ValidationFailed("body must be a JSON object")
     unknown = sorted(set(data) - PATCHABLE_FIELDS)
@@ -369,6 +378,10 @@ def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
         raise ValidationFailed("at most one of executeAt or recurrence", "executeAt")
     if "payload" in data and "payloadBase64" in data:
         raise ValidationFailed("at most one of payload or payloadBase64", "payload")
+
+
+def _parse_patch_time(data: dict[str, Any], limits: Limits, now: datetime) -> dict[str, Any]:
+    """A new ``executeAt`` or ``recurrence``, as Patch fields."""
     fields: dict[str, Any] = {}
     if "executeAt" in data:
         fields["execute_at"] = parse_time(data["executeAt"], "executeAt")
@@ -378,6 +391,12 @@ def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
         _within_horizon(first, now, limits, "recurrence")
         if data.get("expireAfter") is not None:
             raise _expire_after_on_recurring()
+    return fields
+
+
+def _parse_patch_content(data: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """The rest of what the body sets, as Patch fields."""
+    fields: dict[str, Any] = {}
     if "payload" in data or "payloadBase64" in data:
         fields["payload"] = _parse_payload(data, limits)
     if data.get("key") is not None:
@@ -390,7 +409,7 @@ def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
         fields["labels"] = parse_labels(data["labels"])
     if data.get("expireAfter") is not None:
         fields["expire_after"] = parse_expire_after(data["expireAfter"])
-    return Patch(named=frozenset(data), **fields)
+    return fields
 
 
 def _parse_recurrence(request: object, now: datetime) -> tuple[Recurrence, datetime]:

@@ -295,63 +295,12 @@ def parse_recurrence(data: object, now: datetime) -> Recurrence:
     An interval without a start gets ``start = now + every``, so the stored
     document carries its own grid.
     """
-    if not isinstance(data, dict):
-        raise ValidationFailed("recurrence must be an object", "recurrence")
-    for key in sorted(data, key=str):
-        if key not in _FIELDS:
-            raise ValidationFailed(f"recurrence.{key} is not a known field", f"recurrence.{key}")
-    if "every" in data and "cron" in data:
-        raise ValidationFailed(
-            "recurrence takes exactly one of every and cron, not both", "recurrence.cron"
-        )
-    if "every" not in data and "cron" not in data:
-        raise ValidationFailed("recurrence needs one of every or cron", "recurrence")
-
+    fields = _recurrence_fields(data)
     now = _utc_ms(now)
-    every: timedelta | None = None
-    cron: str | None = None
-    time_zone = DEFAULT_TIME_ZONE
-    if "every" in data:
-        every = _parse_every(data["every"])
-        if "timeZone" in data:
-            raise ValidationFailed(
-                "recurrence.timeZone only applies to cron (every is elapsed time)",
-                "recurrence.timeZone",
-            )
-    else:
-        time_zone = _parse_time_zone(data.get("timeZone", DEFAULT_TIME_ZONE))
-        cron = _parse_cron(data["cron"])
-
-    start = parse_time(data["start"], "recurrence.start") if "start" in data else None
-    end = parse_time(data["end"], "recurrence.end") if "end" in data else None
-    if start is not None and end is not None and end <= start:
-        raise ValidationFailed("recurrence.end must be after recurrence.start", "recurrence.end")
-
-    misfire_text = data.get("misfire", Misfire.FIRE_ONCE.value)
-    if misfire_text not in {m.value for m in Misfire}:
-        raise ValidationFailed(
-            "recurrence.misfire must be one of fire_once, fire_all, skip", "recurrence.misfire"
-        )
-    misfire = Misfire(misfire_text)
-
-    max_catch_up = DEFAULT_MAX_CATCH_UP
-    if "maxCatchUp" in data:
-        if misfire is not Misfire.FIRE_ALL:
-            raise ValidationFailed(
-                "recurrence.maxCatchUp only applies with misfire fire_all",
-                "recurrence.maxCatchUp",
-            )
-        max_catch_up = data["maxCatchUp"]
-        if (
-            not isinstance(max_catch_up, int)
-            or isinstance(max_catch_up, bool)
-            or not 1 <= max_catch_up <= MAX_CATCH_UP_LIMIT
-        ):
-            raise ValidationFailed(
-                f"recurrence.maxCatchUp must be an integer from 1 to {MAX_CATCH_UP_LIMIT}",
-                "recurrence.maxCatchUp",
-            )
-
+    every, cron, time_zone = _parse_kind(fields)
+    start, end = _parse_window(fields)
+    misfire = _parse_misfire(fields)
+    max_catch_up = _parse_max_catch_up(fields, misfire)
     if every is not None and start is None:
         start = now + every
     recurrence = Recurrence(
@@ -367,6 +316,75 @@ def parse_recurrence(data: object, now: datetime) -> Recurrence:
         field = "recurrence.end" if end is not None else "recurrence.cron"
         raise ValidationFailed("recurrence has no occurrence from now on", field)
     return recurrence
+
+
+def _recurrence_fields(data: object) -> dict[str, Any]:
+    """The object, if it names only known fields and exactly one of every and cron."""
+    if not isinstance(data, dict):
+        raise ValidationFailed("recurrence must be an object", "recurrence")
+    for key in sorted(data, key=str):
+        if key not in _FIELDS:
+            raise ValidationFailed(f"recurrence.{key} is not a known field", f"recurrence.{key}")
+    if "every" in data and "cron" in data:
+        raise ValidationFailed(
+            "recurrence takes exactly one of every and cron, not both", "recurrence.cron"
+        )
+    if "every" not in data and "cron" not in data:
+        raise ValidationFailed("recurrence needs one of every or cron", "recurrence")
+    return data
+
+
+def _parse_kind(data: dict[str, Any]) -> tuple[timedelta | None, str | None, str]:
+    """(every, cron, timeZone): an interval has no time zone of its own."""
+    if "every" in data:
+        every = _parse_every(data["every"])
+        if "timeZone" in data:
+            raise ValidationFailed(
+                "recurrence.timeZone only applies to cron (every is elapsed time)",
+                "recurrence.timeZone",
+            )
+        return every, None, DEFAULT_TIME_ZONE
+    time_zone = _parse_time_zone(data.get("timeZone", DEFAULT_TIME_ZONE))
+    return None, _parse_cron(data["cron"]), time_zone
+
+
+def _parse_window(data: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """(start, end), either absent."""
+    start = parse_time(data["start"], "recurrence.start") if "start" in data else None
+    end = parse_time(data["end"], "recurrence.end") if "end" in data else None
+    if start is not None and end is not None and end <= start:
+        raise ValidationFailed("recurrence.end must be after recurrence.start", "recurrence.end")
+    return start, end
+
+
+def _parse_misfire(data: dict[str, Any]) -> Misfire:
+    misfire_text = data.get("misfire", Misfire.FIRE_ONCE.value)
+    if misfire_text not in {m.value for m in Misfire}:
+        raise ValidationFailed(
+            "recurrence.misfire must be one of fire_once, fire_all, skip", "recurrence.misfire"
+        )
+    return Misfire(misfire_text)
+
+
+def _parse_max_catch_up(data: dict[str, Any], misfire: Misfire) -> int:
+    if "maxCatchUp" not in data:
+        return DEFAULT_MAX_CATCH_UP
+    if misfire is not Misfire.FIRE_ALL:
+        raise ValidationFailed(
+            "recurrence.maxCatchUp only applies with misfire fire_all",
+            "recurrence.maxCatchUp",
+        )
+    max_catch_up = data["maxCatchUp"]
+    if (
+        not isinstance(max_catch_up, int)
+        or isinstance(max_catch_up, bool)
+        or not 1 <= max_catch_up <= MAX_CATCH_UP_LIMIT
+    ):
+        raise ValidationFailed(
+            f"recurrence.maxCatchUp must be an integer from 1 to {MAX_CATCH_UP_LIMIT}",
+            "recurrence.maxCatchUp",
+        )
+    return max_catch_up
 
 
 def _parse_every(value: object) -> timedelta:
