@@ -57,9 +57,14 @@ from node.schedule.model import Status
 from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
-from node.store.contract import Claimed, Completion, Outcome
-from node.store.history import Attempt
-from node.store.schedules import MAX_TENANTS_PER_ROUND, ScheduleStore
+from node.store.contract import (
+    MAX_TENANTS_PER_ROUND,
+    Attempt,
+    Claimed,
+    Completion,
+    Outcome,
+    Schedules,
+)
 
 log = structlog.get_logger("node.poller")
 
@@ -97,7 +102,7 @@ PUBLISH_PART_BYTES = 8 * 1024 * 1024
 class BucketPoller:
     def __init__(
         self,
-        store: ScheduleStore,
+        store: Schedules,
         leases: LeaseManager,
         publisher: KafkaPublisher,
         metrics: NodeMetrics,
