@@ -5,7 +5,7 @@ by method, and the types it speaks (after APScheduler 4's ``abc.DataStore``).
 Protocols here: ``Schedules`` (the ``schedules`` collection), ``BucketLeases``
 (one lease document per bucket) and ``AttemptHistory`` (one record per
 delivery attempt). Two stores implement them and the same tests run over
-both (``tests/store_contract.py``):
+both (the ``store`` fixture of ``tests/conftest.py``):
 
 * MongoDB (``schedules.ScheduleStore``, ``leases.LeaseStore``,
   ``history.HistoryStore``), what a node runs on;
