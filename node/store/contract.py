@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from node.schedule.changes import Change
@@ -38,6 +38,16 @@ from node.store.listing import Listing, Page, Selector
 # Tenants asked for their own due work in one round when a backlog fills the
 # window (the poller rotates the list, so with more all are served in turn).
 MAX_TENANTS_PER_ROUND = 32
+# How long a schedule is kept once it has ended (RETENTION's default).
+DEFAULT_RETENTION = timedelta(days=7)
+# A verb reads the schedule, decides, and writes under the status and version
+# it read; a claim or another verb in between makes it read and decide again,
+# at most this many times (each loss means the schedule did change).
+CHANGE_ATTEMPTS = 5
+# A bulk cancel reads and cancels this many at a time, and at most
+# BULK_CANCEL_LIMIT in one call (the answer says whether more match).
+BULK_CANCEL_BATCH = 500
+BULK_CANCEL_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -161,12 +171,14 @@ class Schedules(Protocol):
     new schedule. Its ``status`` moves only along these edges:
 
     * PENDING -> IN_FLIGHT: a claim, under the bucket's lease token;
-    * IN_FLIGHT -> PENDING (a retry, the next occurrence, a put-back, a
-      recovery) or a final status (DELIVERED, DELIVERY_FAILED, EXPIRED): a
-      completion under the token that claimed it, or a recovery under a newer;
+    * IN_FLIGHT -> PENDING (a retry, the next occurrence, a put-back) or a
+      final status (DELIVERED, DELIVERY_FAILED, EXPIRED): a write under the
+      token that claimed it, never another's;
+    * IN_FLIGHT -> PENDING: a recovery, under a newer token (or under the
+      same one, for a claim older than any round);
     * PENDING or PAUSED -> CANCELLED: a cancel; and the verbs' changes
-      (``node/schedule/changes.py``) between PENDING and PAUSED, or from
-      DELIVERY_FAILED back to PENDING (retry).
+      (``node/schedule/changes.py``): PENDING <-> PAUSED, PAUSED -> EXPIRED
+      (resumed past its deadline), DELIVERY_FAILED -> PENDING (retry).
 
     Every write adds one to the document's ``version`` (the ETag; the
     condition of every read-modify-write). A write that ends a schedule (a

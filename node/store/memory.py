@@ -3,11 +3,11 @@ and ``contract.AttemptHistory`` with no IO, for virtual-time tests and
 benchmarks (APScheduler's ``MemoryDataStore``, dramatiq's ``StubBroker``).
 
 A twin, not a mock: the same contract tests run over it and over MongoDB
-(the ``store`` fixture of ``tests/conftest.py``), and every condition and change it applies to
-a schedule is the Mongo store's own statement (``statements.py``), applied
-by ``emulation.py``. Its clock is injected (a callable returning an aware
-datetime): it judges lease expiry and is ``server_time``; nothing here reads
-a wall clock or sleeps.
+(the ``store`` fixture of ``tests/conftest.py``), and every condition and
+change it applies to a schedule is the Mongo store's own statement
+(``statements.py``), applied by ``emulation.py``. Its clock is injected (a
+callable returning an aware datetime): it judges lease expiry and is
+``server_time``; nothing here reads a wall clock or sleeps.
 
 What it leaves out, on purpose: durability (a "crash" of it is the test's
 to model), the group commit of inserts and its StoreBusy, read deadlines
@@ -33,10 +33,14 @@ from typing import Any, ParamSpec, TypeVar
 from node.errors import ScheduleConflict, StoreUnavailable
 from node.schedule.changes import Change, version_of
 from node.schedule.model import NewSchedule, Status, public_id
-from node.schedule.payload import INLINE, LARGE, payload_size
+from node.schedule.payload import LARGE, payload_size
 from node.schedule.times import aware
 from node.store import statements
 from node.store.contract import (
+    BULK_CANCEL_BATCH,
+    BULK_CANCEL_LIMIT,
+    CHANGE_ATTEMPTS,
+    DEFAULT_RETENTION,
     MAX_TENANTS_PER_ROUND,
     Attempt,
     AttemptHistory,
@@ -48,15 +52,8 @@ from node.store.contract import (
 from node.store.documents import schedule_document
 from node.store.emulation import Document, apply, matches, project, sort, stored
 from node.store.listing import Listing, Page, Selector
-from node.store.statements import LIVE, ids_and_buckets
+from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
-# The Mongo store's bounds, kept the same so the contract reads alike.
-DEFAULT_RETENTION = timedelta(days=7)
-CHANGE_ATTEMPTS = 5
-BULK_CANCEL_BATCH = 500
-BULK_CANCEL_LIMIT = 10_000
-WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
-WITHOUT_PAYLOADS = {LARGE: 0, INLINE: 0}
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Clock = Callable[[], datetime]
@@ -249,7 +246,7 @@ class MemorySchedules(Faults):
 
     @_store_call
     async def count_pending(self, tenant: str) -> int:
-        return self.documents.count({"tenant": tenant, "status": {"$in": LIVE}})
+        return self.documents.count(statements.live_of(tenant))
 
     @_store_call
     async def cancel(
@@ -381,11 +378,7 @@ class MemorySchedules(Faults):
         found: list[dict[str, Any]] = []
         for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
             docs = self.documents.find(
-                {
-                    "tenant": tenant,
-                    "status": Status.PENDING.value,
-                    "bucket": {"$in": sorted(buckets)},
-                },
+                statements.pending_of(tenant, buckets),
                 order=[("dueAt", 1)],
                 limit=limit,
                 projection=WITHOUT_LARGE_PAYLOAD,
@@ -441,7 +434,7 @@ class MemorySchedules(Faults):
     ) -> list[str]:
         stale: list[dict[str, Any]] = []
         for bucket, token in sorted(tokens.items()):
-            in_flight = self.documents.find({"bucket": bucket, "status": Status.IN_FLIGHT.value})
+            in_flight = self.documents.find(statements.in_flight(bucket))
             self.documents_read["recover"] += len(in_flight)
             stale += [s for s in in_flight if statements.left_behind(s, token, stranded_before)]
         for doc in stale:

@@ -47,39 +47,35 @@ from node.errors import (
 )
 from node.schedule.changes import Change, version_of
 from node.schedule.model import NewSchedule, Status, public_id
-from node.schedule.payload import INLINE, LARGE, payload_size
+from node.schedule.payload import LARGE, payload_size
 from node.schedule.times import aware
 from node.store import statements
 from node.store.boundary import DURABLE, store_call
-from node.store.contract import MAX_TENANTS_PER_ROUND, Claimed, Completion
+from node.store.contract import (
+    BULK_CANCEL_BATCH,
+    BULK_CANCEL_LIMIT,
+    CHANGE_ATTEMPTS,
+    DEFAULT_RETENTION,
+    MAX_TENANTS_PER_ROUND,
+    Claimed,
+    Completion,
+)
 from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
 from node.store.group_insert import GroupInserter
 from node.store.listing import Listing, Page, Selector
-from node.store.statements import LIVE, ids_and_buckets
+from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
-DEFAULT_RETENTION = timedelta(days=7)
 # Ids per claim or mark statement. The embedded server matches "$in" by
 # scanning the list for every candidate, so one statement costs the square of
 # its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
 # 20 (measured); a real MongoDB does not care either way.
 IDS_PER_STATEMENT = 20
-# A verb reads the schedule, decides, and writes under the status and version
-# it read; a claim or another verb in between makes it read and decide again,
-# at most this many times (each loss means the schedule did change).
-CHANGE_ATTEMPTS = 5
-# A bulk cancel reads and cancels this many at a time, and at most
-# BULK_CANCEL_LIMIT in one call (the answer says whether more match).
-BULK_CANCEL_BATCH = 500
-BULK_CANCEL_LIMIT = 10_000
 # A listing with payloads is read this many documents at a time.
 FULL_PAGE_BATCH = 16
 # Buckets read at once by a sliced read (embedded store only: ``sliced``).
 SLICES = 8
-# The projection of the reads that hold many schedules at once (payload.py).
-WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
-WITHOUT_PAYLOADS = {LARGE: 0, INLINE: 0}
 
 
 __all__ = ["MAX_TENANTS_PER_ROUND", "ScheduleStore"]
@@ -229,9 +225,7 @@ class ScheduleStore:
         own): one bounded count each, so its cost is the backlog it counts."""
         counts = {}
         for bucket in sorted(buckets):
-            due = await self.schedules.count_documents(
-                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": now}}
-            )
+            due = await self.schedules.count_documents(statements.due(bucket, now))
             if due:
                 counts[bucket] = due
         return counts
@@ -281,7 +275,7 @@ class ScheduleStore:
         """A tenant's live schedules (PENDING or PAUSED), for its quota."""
         # A tenant's schedules lie in every bucket: this count spans them all
         # (on a sharded cluster, every shard), one bounded index range each.
-        return await self.schedules.count_documents({"tenant": tenant, "status": {"$in": LIVE}})
+        return await self.schedules.count_documents(statements.live_of(tenant))
 
     @store_call
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
@@ -540,11 +534,7 @@ class ScheduleStore:
         for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
             docs = await (
                 self.schedules.find(
-                    {
-                        "tenant": tenant,
-                        "status": Status.PENDING.value,
-                        "bucket": {"$in": sorted(buckets)},
-                    },
+                    statements.pending_of(tenant, buckets),
                     WITHOUT_LARGE_PAYLOAD,
                 )
                 .sort("dueAt", ASCENDING)
@@ -681,7 +671,7 @@ class ScheduleStore:
         stale: list[dict[str, Any]] = []
         for bucket, token in sorted(tokens.items()):
             in_flight = await self.schedules.find(
-                {"bucket": bucket, "status": Status.IN_FLIGHT.value},
+                statements.in_flight(bucket),
                 {"bucket": 1, "token": 1, "claimedAt": 1},
             ).to_list()
             self.documents_read["recover"] += len(in_flight)

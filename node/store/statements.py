@@ -8,24 +8,30 @@ store (``memory.py``) applies the very same ones to its documents
 cancel or a verb may change, and what a recovery counts as left behind are
 decided here and nowhere else.
 
-Pure: no IO, no pymongo, no clock (``now`` is passed in).
+Pure: no IO and no driver call, no clock (``now`` is passed in).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import NotCancellable, VersionMismatch
 from node.schedule.changes import Change, version_of
 from node.schedule.model import CHANGEABLE, FINAL, RECENT_OCCURRENCES, Status, public_id
+from node.schedule.payload import INLINE, LARGE
 from node.schedule.times import aware
 from node.store.contract import Claimed, Completion, Outcome
 from node.store.documents import bucket_of, version_filter
 
 # PENDING and PAUSED: what a cancel (one or many) and the quota count.
 LIVE = sorted(s.value for s in CHANGEABLE)
+# The projections of the reads that hold many schedules at once
+# (``node/schedule/payload.py``): the owner's due reads leave the large
+# payloads behind, listings every payload unless asked.
+WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
+WITHOUT_PAYLOADS = {LARGE: 0, INLINE: 0}
 
 
 # -- which schedules -----------------------------------------------------------
@@ -55,6 +61,22 @@ def fence(operator: str, token: int, *, unfenced: bool = False) -> dict[str, Any
 def due(bucket: int, until: datetime) -> dict[str, Any]:
     """``bucket``'s PENDING schedules due by ``until``."""
     return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}}
+
+
+def pending_of(tenant: str, buckets: Iterable[int]) -> dict[str, Any]:
+    """A tenant's PENDING schedules in ``buckets`` (due or not: the caller
+    reads them in due order and bounds the time itself)."""
+    return {"tenant": tenant, "status": Status.PENDING.value, "bucket": {"$in": sorted(buckets)}}
+
+
+def live_of(tenant: str) -> dict[str, Any]:
+    """A tenant's live schedules (PENDING or PAUSED): its quota's count."""
+    return {"tenant": tenant, "status": {"$in": LIVE}}
+
+
+def in_flight(bucket: int) -> dict[str, Any]:
+    """``bucket``'s IN_FLIGHT schedules: what a recovery looks through."""
+    return {"bucket": bucket, "status": Status.IN_FLIGHT.value}
 
 
 # -- the bucket owner's writes ---------------------------------------------------
