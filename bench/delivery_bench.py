@@ -20,6 +20,10 @@ issues (find due, claim, mark delivered, history), back to back with no
 node and no broker. Slow systems are judged on what they delivered within a
 budget after the last due time; their undelivered schedules count as late
 as the cut-off at least.
+
+One node on the memory store (``node/store/memory.py``) with the same
+embedded broker: the burst again, for one node's own ceiling with the store
+out of the way, set beside the embedded store's row of the same run.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import pickle
 import platform
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -51,12 +58,22 @@ from bench.stack import (
 )
 from bench.systems import BASELINES, Scheduler, System
 from bench.workloads import Workload, judge, ratio
+from node import config as node_config
 from node.delivery.due_book import DueBook
+from node.delivery.history_writer import HistoryWriter
+from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
-from node.delivery.poller import READ_AHEAD
-from node.schedule.retry import DEFAULT_POLICY
+from node.delivery.ownership import Ownership
+from node.delivery.poller import READ_AHEAD, BucketPoller, longest_round
+from node.delivery.publisher import METADATA_DEADLINE, KafkaPublisher
+from node.metrics import NodeMetrics
+from node.schedule.model import DEFAULT_TENANT
+from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
+from node.schedule.times import utcnow
 from node.store.history import Attempt, HistoryStore
+from node.store.memory import MemoryHistory, MemoryLeases, MemorySchedules
 from node.store.schedules import ScheduleStore
+from ring import PLACEMENT_VERSION
 
 # How many schedules a second the embedded store takes in, to time the load
 # before T0; corrected after every load.
@@ -333,6 +350,134 @@ async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, 
     }
 
 
+# -- one node on the memory store ----------------------------------------------------
+
+# How long the memory node may take to start: import, read its schedules,
+# reach the broker, take its leases.
+MEMORY_NODE_START = 60.0
+
+
+@dataclass
+class MemoryStoreNode(System):
+    """One node's delivery path on the memory store, in a process of its
+    own, against the real embedded broker: ownership, lease book, poller,
+    history writer and publisher as ``node/process.py`` wires them, with the
+    node's default settings. Its schedules are read into its memory before
+    it starts (``load_first``). For benchmarks and tests only: the memory
+    store lives in the node's process, so it serves exactly one node and
+    refuses more. The HTTP API and gossip are not started: they idle through
+    a burst, and they have no part in a node's delivery ceiling."""
+
+    name: str = "scheduler-memory"
+    label: str = "this scheduler, memory store"
+    load_first: bool = True
+    process: subprocess.Popen[bytes] | None = None
+    folder: Path | None = None
+
+    async def load(self, servers: Servers, database: str, docs: list[dict[str, Any]]) -> None:
+        self.folder = servers.scratch / database
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "schedules.pickle").write_bytes(pickle.dumps(docs))
+
+    async def start(self, servers: Servers, database: str, processes: int) -> None:
+        if processes != 1:
+            raise ValueError("the memory store lives in one node's process: it serves one node")
+        assert self.folder is not None, "load first"
+        ready = self.folder / "ready"
+        self.process = self._spawn(servers.bootstrap, self.folder)
+        deadline = time.monotonic() + MEMORY_NODE_START
+        while not ready.exists():  # a start-up wait, before anything is measured
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the memory node did not start: see {self.folder}/node.log")
+            await asyncio.sleep(0.05)
+
+    @staticmethod
+    def _spawn(bootstrap: str, folder: Path) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "bench.delivery_bench", "memory-node", bootstrap]
+        with (folder / "node.log").open("ab") as log:
+            return subprocess.Popen(
+                [*argv, str(folder)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            )
+
+    def pids(self) -> list[int]:
+        assert self.process is not None
+        return [self.process.pid]
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+            self.process = None
+
+
+async def memory_node(bootstrap: str, folder: Path) -> None:
+    """The memory store node's process (``MemoryStoreNode``): runs until killed."""
+    config = node_config.load(
+        {"node_id": "memory-node", "kafka_bootstrap": bootstrap, "buckets": str(BUCKETS),
+         "gossip_unsigned": "on"},
+        environ={},
+    )  # fmt: skip
+    store = MemorySchedules(config.buckets, utcnow, retention=timedelta(seconds=config.retention))
+    for doc in pickle.loads((folder / "schedules.pickle").read_bytes()):
+        store.documents.put(doc)
+    metrics = NodeMetrics()
+    leases = LeaseManager(MemoryLeases(config.node_id, utcnow), config.lease_ttl)
+    publisher = KafkaPublisher(
+        config.kafka_bootstrap,
+        client_id=config.node_id,
+        idempotence=config.kafka_idempotence,
+        clock=utcnow,
+    )
+    await publisher.start()
+    history = HistoryWriter(
+        MemoryHistory(
+            utcnow,
+            cap=config.history_per_schedule,
+            retention=timedelta(seconds=config.history_retention),
+        ),
+        metrics,
+    )
+    retry = RetryPolicy(
+        max_attempts=config.max_attempts,
+        backoff=timedelta(seconds=config.retry_backoff),
+        backoff_max=timedelta(seconds=config.retry_backoff_max),
+    )
+
+    async def tenants() -> list[str]:
+        return [DEFAULT_TENANT]
+
+    poller = BucketPoller(
+        store,
+        leases,
+        publisher,
+        metrics,
+        node_id=config.node_id,
+        batch_size=config.batch_size,
+        poll_interval=config.poll_interval,
+        batch_linger=config.batch_linger,
+        rules=Rules(retry, timedelta(seconds=config.misfire_threshold)),
+        dead_letter_topic=config.dead_letter_topic,
+        history=history,
+        tenant_names=tenants if config.fair_tenants else None,
+        stranded_after=longest_round(
+            config.store_timeout, publisher.request_timeout + METADATA_DEADLINE
+        ),
+    )
+    ownership = Ownership(
+        config.node_id,
+        config.buckets,
+        leases,
+        poller,
+        metrics,
+        alive_members=lambda: {config.node_id: PLACEMENT_VERSION},
+    )
+    await ownership.step()  # every bucket taken before it says it is ready
+    history.start()
+    tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(poller.run())]
+    (folder / "ready").write_text("ready\n")
+    await asyncio.gather(*tasks)
+
+
 def machine() -> dict[str, Any]:
     model = ""
     try:
@@ -414,7 +559,17 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
                 if workload in result["plan"].get("baseline_workloads", ("burst", "spread"))
             }
     history = result.get("burst_without_history")
+    memory = result.get("memory_store") or {}
+    embedded = pick(rows, ours, 1, "burst")
     return {
+        # One node's burst on the memory store over the same on the embedded
+        # store, this run: what the store costs a node's ceiling.
+        "memory_over_embedded_store": {
+            "records_per_s": ratio(figure(memory, "records_per_s"), one),
+            "node_cpu_per_1000": ratio(
+                figure(memory, "cpu_per_1000"), figure(embedded, "cpu_per_1000")
+            ),
+        },
         "scaling_over_one_node": scaling,
         "burst_over_store_limit": to_limit,
         "ours_over_baseline": against,
@@ -477,6 +632,14 @@ async def run(plan: Plan) -> dict[str, Any]:
             result["runs"] += await runner.series(
                 Scheduler(), n, plan, plan.workloads, plan.tail, STEADY_TAIL
             )
+        print("this scheduler, 1 node, on the memory store:", flush=True)
+        # Its load is a file written, not the store's inserts: leave the
+        # learned load rate as it was for the runs that follow.
+        load_rate = runner.load_rate
+        result["memory_store"] = await runner.measure(
+            MemoryStoreNode(), 1, workloads.burst(plan.burst), plan.tail
+        )
+        runner.load_rate = load_rate
         if plan.history_cost:
             print("this scheduler, 1 node, HISTORY_RETENTION=0:", flush=True)
             bare = Scheduler(name="scheduler-nohistory", env={"HISTORY_RETENTION": "0"})
@@ -515,8 +678,9 @@ def render(result: dict[str, Any]) -> str:
         f"{'store':>6} {'busy':>5} {'dup':>4}",
     ]
     rows = list(result["runs"])
-    if result.get("burst_without_history"):
-        rows.append(result["burst_without_history"])
+    for extra in ("memory_store", "burst_without_history"):
+        if result.get(extra):
+            rows.append(result[extra])
     for r in rows:
         late = r["lateness_s"]
         bound = ">=" if r["lateness_is_lower_bound"] else ""
@@ -542,6 +706,13 @@ def render(result: dict[str, Any]) -> str:
         "burst over the store limit: "
         + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["burst_over_store_limit"].items())
     )
+    memory = ratios.get("memory_over_embedded_store")
+    if memory:
+        lines.append(
+            f"1 node's burst, memory store over embedded store: rec/s "
+            f"{memory['records_per_s']:.2f}x, node CPU s per 1,000 "
+            f"{memory['node_cpu_per_1000']:.2f}x"
+        )
     if ratios["history_cost"] is not None:
         lines.append(f"history costs {ratios['history_cost'] * 100:.0f}% of one node's burst")
     lines.append("ours / baseline (rec/s: higher is better; p99, ops, cpu: lower is better)")
@@ -567,3 +738,8 @@ def measure(quick: bool) -> dict[str, Any]:
 
 
 __all__ = ["FULL", "QUICK", "Plan", "measure", "render", "run"]
+
+if __name__ == "__main__":  # the memory store node's process (MemoryStoreNode)
+    if sys.argv[1:2] != ["memory-node"] or len(sys.argv) != 4:
+        sys.exit("usage: python -m bench.delivery_bench memory-node BOOTSTRAP FOLDER")
+    asyncio.run(memory_node(sys.argv[2], Path(sys.argv[3])))

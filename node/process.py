@@ -47,6 +47,7 @@ from node.schedule.model import DEFAULT_TENANT, Limits
 from node.schedule.retry import RetryPolicy
 from node.schedule.times import skew_wall_clock, utcnow
 from node.store.boundary import DURABLE
+from node.store.contract import AttemptHistory, BucketLeases, Schedules
 from node.store.history import HistoryStore
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
@@ -119,7 +120,7 @@ class Node:
         )
         api_database = self.api_client[config.mongo_database]
         # The API's schedules (ApiContext.store), and the owner's (the poller's).
-        self.store = ScheduleStore(
+        self.store: Schedules = ScheduleStore(
             api_database,
             config.buckets,
             unfenced=unfenced,
@@ -137,7 +138,7 @@ class Node:
         self.metrics.watch_stalls(self.stalls)
         # A lease write lost in a database crash could move a token backwards
         # and undo the fence: leases are written as durably as schedules.
-        self.lease_store = LeaseStore(
+        self.lease_store: BucketLeases = LeaseStore(
             database["buckets"].with_options(write_concern=DURABLE), config.node_id
         )
         self.leases = LeaseManager(
@@ -190,7 +191,9 @@ class Node:
         )
         kept = timedelta(seconds=config.history_retention)
         cap = config.history_per_schedule
-        self.history = HistoryStore(api_database["history"], retention=kept, cap=cap)  # the API's
+        self.history: AttemptHistory = HistoryStore(
+            api_database["history"], retention=kept, cap=cap
+        )  # the API's
         self.history_writer = (
             HistoryWriter(HistoryStore(database["history"], retention=kept, cap=cap), self.metrics)
             if config.history_retention > 0

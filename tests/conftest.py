@@ -11,6 +11,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from node import config as node_config
 from node.ops import embedded
 from node.ops.tail import topic_consumer
 from node.process import Node
+from tests.stores import MemoryKit, MongoKit, StoreKit, VirtualClock
 
 HOST = "127.0.0.1"
 _names = itertools.count()
@@ -177,6 +179,25 @@ async def mongo(servers: EmbeddedServers, database_name: str) -> AsyncIterator[A
     try:
         yield client[database_name]
     finally:
+        await client.close()
+
+
+@pytest.fixture(params=["memory", "secantus"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StoreKit]:
+    """The store under test: the memory twin, then MongoDB (the embedded
+    SecantusDB), so every store test holds for both (``tests/stores.py``).
+    The embedded server starts only when a test runs over it."""
+    if request.param == "memory":
+        yield MemoryKit(VirtualClock(datetime.now(UTC).replace(microsecond=0)))
+        return
+    servers: EmbeddedServers = request.getfixturevalue("servers")
+    name = unique("k")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(servers.mongo_uri, tz_aware=True)
+    try:
+        yield MongoKit(client[name])
+    finally:
+        with contextlib.suppress(PyMongoError):
+            await client.drop_database(name)
         await client.close()
 
 

@@ -103,8 +103,14 @@ def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None
         for workload, figures in by_n["1"].items():
             assert not any(math.isnan(v) for v in figures.values()), (baseline, workload)
     assert len(result["aims"]) == 6
+    memory = result["memory_store"]
+    assert (memory["system"], memory["processes"], memory["workload"]) == (
+        "scheduler-memory", 1, "burst",
+    )  # fmt: skip
+    assert memory["undelivered"] == 0 and memory["duplicates"] == 0, memory
+    assert not any(math.isnan(v) for v in result["ratios"]["memory_over_embedded_store"].values())
     text = delivery_bench.render(result)
-    assert "vs apscheduler" in text and "aim " in text
+    assert "vs apscheduler" in text and "aim " in text and "memory store over embedded" in text
 
 
 def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:

@@ -1,4 +1,5 @@
-"""Bucket leases and fencing against the real store."""
+"""Bucket leases and fencing over both stores (the ``store`` fixture: memory
+and MongoDB); a store slow or lost mid-write against MongoDB itself."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from node.schedule.model import Limits
 from node.schedule.parse import parse_new_schedule
 from node.schedule.retry import DEFAULT_POLICY
 from node.store.leases import LeaseStore
-from node.store.schedules import ScheduleStore
 from tests.conftest import wait_until
+from tests.stores import StoreKit
 
 BUCKETS = 8
 RULES = Rules(DEFAULT_POLICY, timedelta(seconds=60))
@@ -75,13 +76,13 @@ async def seconds_left_on_server(mongo: Any, bucket: int) -> float:
 
 
 def manager(
-    mongo: Any, node: str, ttl: float = 30.0, clock: FakeClock | None = None
+    store: StoreKit, node: str, ttl: float = 30.0, clock: FakeClock | None = None
 ) -> LeaseManager:
-    return LeaseManager(LeaseStore(mongo.buckets, node), ttl, monotonic=clock or FakeClock())
+    return LeaseManager(store.leases(node), ttl, monotonic=clock or FakeClock())
 
 
-async def test_one_owner_per_bucket_and_release_hands_over(mongo: Any) -> None:
-    a, b = manager(mongo, "a"), manager(mongo, "b")
+async def test_one_owner_per_bucket_and_release_hands_over(store: StoreKit) -> None:
+    a, b = manager(store, "a"), manager(store, "b")
     assert await a.acquire(range(BUCKETS)) == list(range(BUCKETS))
     assert await b.acquire(range(BUCKETS)) == []
     tokens_a = a.usable()
@@ -90,29 +91,31 @@ async def test_one_owner_per_bucket_and_release_hands_over(mongo: Any) -> None:
     assert await b.acquire(range(BUCKETS)) == [2, 5]
     # Every change of owner increments the token.
     assert b.usable() == {2: tokens_a[2] + 1, 5: tokens_a[5] + 1}
-    docs = {d["_id"]: d async for d in mongo.buckets.find({})}
+    docs = await store.lease_docs()
     assert {k: d["owner"] for k, d in docs.items()} == {
         i: ("b" if i in (2, 5) else "a") for i in range(BUCKETS)
     }
 
 
-async def test_renew_keeps_leases_and_reports_lost_ones(mongo: Any) -> None:
-    a = manager(mongo, "a")
+async def test_renew_keeps_leases_and_reports_lost_ones(store: StoreKit) -> None:
+    a = manager(store, "a")
     await a.acquire(range(BUCKETS))
     assert await a.renew() == []
     # Another node took bucket 3 (its lease expired from the database's view).
-    await mongo.buckets.update_one({"_id": 3}, {"$set": {"owner": "z"}, "$inc": {"token": 1}})
+    await store.steal_lease(3, "z")
     assert await a.renew() == [3]
     assert 3 not in a.usable()
     assert a.losses == 1
 
 
-async def test_expired_lease_is_taken_by_the_database_clock(mongo: Any) -> None:
-    a, b = manager(mongo, "a", ttl=1.0), manager(mongo, "b", ttl=1.0)
+async def test_expired_lease_is_taken_by_the_database_clock(store: StoreKit) -> None:
+    a, b = manager(store, "a", ttl=1.0), manager(store, "b", ttl=1.0)
     await a.acquire([0])
     first = a.usable()[0]
+    assert await b.acquire([0]) == []  # not before it expires
 
     async def taken_by_b() -> bool:
+        await store.pass_time(0.25)
         return await b.acquire([0]) == [0]
 
     # a stops renewing; once the server's clock passes expiresAt, b wins.
@@ -121,9 +124,9 @@ async def test_expired_lease_is_taken_by_the_database_clock(mongo: Any) -> None:
     assert await a.renew() == [0]
 
 
-async def test_local_deadline_stops_work_without_the_database(mongo: Any) -> None:
+async def test_local_deadline_stops_work_without_the_database(store: StoreKit) -> None:
     clock = FakeClock()
-    a = manager(mongo, "a", ttl=10.0, clock=clock)
+    a = manager(store, "a", ttl=10.0, clock=clock)
     await a.acquire([0, 1])
     token = a.usable()[0]
     assert a.is_usable(0, token)
@@ -136,10 +139,10 @@ async def test_local_deadline_stops_work_without_the_database(mongo: Any) -> Non
     assert not a.is_usable(0, token)
 
 
-async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(mongo: Any) -> None:
-    old = manager(mongo, "a")
+async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(store: StoreKit) -> None:
+    old = manager(store, "a")
     await old.acquire([0])
-    again = manager(mongo, "a")  # same node id, new process
+    again = manager(store, "a")  # same node id, new process
     assert await again.acquire([0]) == [0]
     assert again.usable()[0] == old.usable()[0] + 1
 
@@ -152,60 +155,62 @@ def new_doc(schedule_id: str) -> Any:
     return parse_new_schedule(raw, Limits(max_payload_bytes=100, horizon=timedelta(days=1)), now)
 
 
-async def test_fencing_rejects_a_former_owner_after_a_newer_token_acted(mongo: Any) -> None:
+async def test_fencing_rejects_a_former_owner_after_a_newer_token_acted(store: StoreKit) -> None:
     """Two owners of one bucket: the old one freezes mid-batch, the new one
     takes over, then the old one resumes. Every write of the old token after
     the new token acted is rejected by the store's filter."""
-    store = ScheduleStore(mongo, 1)
+    schedules = store.schedules(1)
     now = datetime.now(UTC)
     for i in range(4):
-        await store.insert(new_doc(f"s{i}"), now)
+        await schedules.insert(new_doc(f"s{i}"), now)
     old, new = 1, 2
 
-    due = await store.find_due(0, now, 10)
-    claimed_by_old = await store.claim(due[:2], {0: old}, "old", now)
+    due = await schedules.find_due(0, now, 10)
+    claimed_by_old = await schedules.claim(due[:2], {0: old}, "old", now)
     assert [c.id for c in claimed_by_old] == ["s0", "s1"]
 
     # The old owner freezes. The new owner acquires token 2 and recovers.
-    recovered = await store.recover_in_flight({0: new})
+    recovered = await schedules.recover_in_flight({0: new})
     assert sorted(recovered) == ["s0", "s1"]
-    due_new = await store.find_due(0, now, 10)
-    claimed_by_new = await store.claim(due_new, {0: new}, "new", now)
+    due_new = await schedules.find_due(0, now, 10)
+    claimed_by_new = await schedules.claim(due_new, {0: new}, "new", now)
     assert sorted(c.id for c in claimed_by_new) == ["s0", "s1", "s2", "s3"]
 
     # The old owner resumes: its completion and its next claim match nothing.
-    assert await store.complete([RULES.delivered(c, now) for c in claimed_by_old]) == 0
-    assert await store.claim(due[2:], {0: old}, "old", now) == []
-    docs = {d["_id"]: d async for d in mongo.schedules.find({})}
+    assert await schedules.complete([RULES.delivered(c, now) for c in claimed_by_old]) == 0
+    assert await schedules.claim(due[2:], {0: old}, "old", now) == []
+    docs = await store.stored()
     assert {d["token"] for d in docs.values()} == {new}
     assert {d["status"] for d in docs.values()} == {"IN_FLIGHT"}
 
-    assert await store.complete([RULES.delivered(c, now) for c in claimed_by_new]) == 4
+    assert await schedules.complete([RULES.delivered(c, now) for c in claimed_by_new]) == 4
 
 
-async def test_claim_skips_cancelled_and_newer_tokens(mongo: Any) -> None:
-    store = ScheduleStore(mongo, 1)
+async def test_claim_skips_cancelled_and_newer_tokens(store: StoreKit) -> None:
+    schedules = store.schedules(1)
     now = datetime.now(UTC)
     for i in range(3):
-        await store.insert(new_doc(f"s{i}"), now)
-    due = await store.find_due(0, now, 10)
-    await store.cancel("s1", now)
-    claimed = await store.claim(due, {0: 5}, "me", now)
+        await schedules.insert(new_doc(f"s{i}"), now)
+    due = await schedules.find_due(0, now, 10)
+    await schedules.cancel("s1", now)
+    claimed = await schedules.claim(due, {0: 5}, "me", now)
     assert sorted(c.id for c in claimed) == ["s0", "s2"]
     # A token below the one that last wrote claims nothing.
-    await store.recover_in_flight({0: 6})
-    assert await store.claim(await store.find_due(0, now, 10), {0: 5}, "me", now) == []
+    await schedules.recover_in_flight({0: 6})
+    assert await schedules.claim(await schedules.find_due(0, now, 10), {0: 5}, "me", now) == []
 
 
-async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(mongo: Any) -> None:
+async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(
+    store: StoreKit,
+) -> None:
     # CHAOS_MODE=unfenced exists to prove the chaos checker catches a true
     # zombie: it must really keep working on leases it no longer holds.
     clock = FakeClock()
-    zombie = LeaseManager(LeaseStore(mongo.buckets, "a"), 10.0, monotonic=clock, unfenced=True)
+    zombie = LeaseManager(store.leases("a"), 10.0, monotonic=clock, unfenced=True)
     await zombie.acquire([0, 1])
     tokens = zombie.usable()
     clock.now += 60.0
-    await mongo.buckets.update_one({"_id": 1}, {"$set": {"owner": "z"}, "$inc": {"token": 1}})
+    await store.steal_lease(1, "z")
     assert await zombie.renew() == []
     assert zombie.usable() == tokens
     assert zombie.is_usable(1, tokens[1])

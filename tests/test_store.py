@@ -1,4 +1,6 @@
-"""node.store start-up: the pinned bucket count and idempotent indexes."""
+"""node.store: start-up (the pinned bucket count, idempotent indexes,
+durable writes: MongoDB's own), and the owner's fenced writes and reads over
+both stores (the ``store`` fixture: memory and MongoDB)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from node.schedule.retry import DEFAULT_POLICY
 from node.store.schedules import ScheduleStore
 from ring import bucket_for
 from tests.conftest import HOST, EmbeddedServers, make_config, start_mongo
+from tests.stores import StoreKit
 
 RULES = Rules(DEFAULT_POLICY, timedelta(seconds=60))
 
@@ -85,26 +88,28 @@ async def test_a_node_with_another_bucket_count_refuses_to_start(
     await other.client.close()
 
 
-async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(mongo: Any) -> None:
-    store = ScheduleStore(mongo, 16)
-    await store.prepare(datetime.now(UTC))
+async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(
+    store: StoreKit,
+) -> None:
+    schedules = store.schedules(16)
+    await schedules.prepare(datetime.now(UTC))
     now = datetime.now(UTC).replace(microsecond=0)
     ids = [f"fence-{i}" for i in range(90)]  # more than one statement's worth per token
     docs = [
         {"_id": i, "bucket": bucket_for(i, 16), "status": "PENDING", "token": 0, "dueAt": now}
         for i in ids
     ]
-    await mongo.schedules.insert_many(docs)
+    await store.seed(docs)
     # Three distinct token values across the buckets, as after a few rebalances.
     tokens = {bucket: 5 + bucket % 3 for bucket in range(16)}
     # A newer owner of one bucket already wrote its schedules: not ours to claim.
     taken = docs[0]["bucket"]
-    await mongo.schedules.update_many({"bucket": taken}, {"$set": {"token": tokens[taken] + 1}})
+    await store.overwrite({"bucket": taken}, {"token": tokens[taken] + 1})
 
-    claimed = await store.claim(docs, tokens, "me", now)
+    claimed = await schedules.claim(docs, tokens, "me", now)
 
     assert {c.id for c in claimed} == {d["_id"] for d in docs if d["bucket"] != taken}
-    for stored in await mongo.schedules.find({"_id": {"$in": ids}}).to_list():
+    for stored in (await store.stored()).values():
         if stored["bucket"] == taken:
             assert (stored["status"], stored["token"]) == ("PENDING", tokens[taken] + 1)
         else:
@@ -112,12 +117,12 @@ async def test_claim_and_mark_fence_each_schedule_by_its_own_buckets_token(mongo
 
     # Another bucket changes owner while we publish: our mark must not land there.
     moved = next(c.bucket for c in claimed)
-    await mongo.schedules.update_many({"bucket": moved}, {"$set": {"token": tokens[moved] + 1}})
-    marked = await store.complete([RULES.delivered(c, now) for c in claimed])
+    await store.overwrite({"bucket": moved}, {"token": tokens[moved] + 1})
+    marked = await schedules.complete([RULES.delivered(c, now) for c in claimed])
     assert marked == sum(1 for c in claimed if c.bucket != moved)
-    assert await mongo.schedules.count_documents({"bucket": moved, "status": "IN_FLIGHT"}) == sum(
-        1 for c in claimed if c.bucket == moved
-    )
+    in_flight = [d for d in (await store.stored()).values() if d["status"] == "IN_FLIGHT"]
+    assert {d["bucket"] for d in in_flight} == {moved}
+    assert len(in_flight) == sum(1 for c in claimed if c.bucket == moved)
 
 
 async def test_what_the_api_acknowledges_is_journaled_on_a_majority(mongo: Any) -> None:
@@ -141,24 +146,26 @@ def test_lease_writes_are_journaled_on_a_majority(
     }
 
 
-async def test_an_unfenced_store_writes_over_a_newer_token(mongo: Any) -> None:
+async def test_an_unfenced_store_writes_over_a_newer_token(store: StoreKit) -> None:
     # CHAOS_MODE=unfenced: the claim and the mark lose their token condition.
     now = datetime.now(UTC).replace(microsecond=0)
     doc = {"_id": "unfenced-1", "bucket": bucket_for("unfenced-1", 16), "status": "PENDING"}
-    await mongo.schedules.insert_one({**doc, "token": 9, "dueAt": now})
+    await store.seed([{**doc, "token": 9, "dueAt": now}])
     tokens = {doc["bucket"]: 4}
-    assert await ScheduleStore(mongo, 16).claim([doc], tokens, "me", now) == []
-    [claimed] = await ScheduleStore(mongo, 16, unfenced=True).claim([doc], tokens, "me", now)
+    assert await store.schedules(16).claim([doc], tokens, "me", now) == []
+    [claimed] = await store.schedules(16, unfenced=True).claim([doc], tokens, "me", now)
     assert claimed.token == 4
-    await mongo.schedules.update_one({"_id": doc["_id"]}, {"$set": {"token": 9}})
+    await store.overwrite({"_id": doc["_id"]}, {"token": 9})
     delivered = [RULES.delivered(claimed, now)]
-    assert await ScheduleStore(mongo, 16).complete(delivered) == 0
-    assert await ScheduleStore(mongo, 16, unfenced=True).complete(delivered) == 1
+    assert await store.schedules(16).complete(delivered) == 0
+    assert await store.schedules(16, unfenced=True).complete(delivered) == 1
 
 
-async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo: Any) -> None:
-    store = ScheduleStore(mongo, 16)
-    await store.prepare(datetime.now(UTC))
+async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(
+    store: StoreKit,
+) -> None:
+    schedules = store.schedules(16)
+    await schedules.prepare(datetime.now(UTC))
     now = datetime.now(UTC).replace(microsecond=0)
     past, future = now - timedelta(seconds=5), now + timedelta(hours=1)
     docs = [
@@ -169,9 +176,9 @@ async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(mongo
         {"_id": "b5", "bucket": 3, "status": "DELIVERED", "dueAt": past},
         {"_id": "b6", "bucket": 3, "status": "IN_FLIGHT", "dueAt": past},
     ]
-    await mongo.schedules.insert_many(docs)
-    assert await store.due_backlog(range(16), now) == {1: 2, 2: 1}
-    assert await store.due_backlog([2, 3], now) == {2: 1}  # its own buckets only
+    await store.seed(docs)
+    assert await schedules.due_backlog(range(16), now) == {1: 2, 2: 1}
+    assert await schedules.due_backlog([2, 3], now) == {2: 1}  # its own buckets only
 
 
 async def test_a_mark_acknowledged_just_before_the_store_dies_survives_it(tmp_path: Path) -> None:

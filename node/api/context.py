@@ -19,9 +19,7 @@ from membership.messages import MemberView
 from node.config import NodeConfig
 from node.metrics import NodeMetrics
 from node.schedule.model import Limits
-from node.store.history import HistoryStore
-from node.store.leases import LeaseStore
-from node.store.schedules import ScheduleStore
+from node.store.contract import AttemptHistory, BucketLeases, Schedules
 from node.tenants.admission import Admission
 from node.tenants.directory import TenantDirectory
 from node.tenants.reads import TenantReads
@@ -64,9 +62,9 @@ class ApiContext(Protocol):
     config: NodeConfig  # the node's settings (read only)
     limits: Limits  # what a new schedule is held to: payload size, horizon, retry defaults
     metrics: NodeMetrics
-    store: ScheduleStore  # the schedules; raises StoreUnavailable when MongoDB does not answer
-    history: HistoryStore  # every delivery attempt still kept
-    lease_store: LeaseStore  # every bucket's lease as stored (the cluster view reads it)
+    store: Schedules  # the schedules; raises StoreUnavailable when MongoDB does not answer
+    history: AttemptHistory  # every delivery attempt still kept
+    lease_store: BucketLeases  # every bucket's lease as stored (the cluster view reads it)
     admission: Admission  # tenants' topics, rates and pending caps
     directory: TenantDirectory  # API keys and tenants' policies (cached)
     reads: TenantReads  # what each tenant's calls may read of the store

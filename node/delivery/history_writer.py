@@ -16,7 +16,7 @@ import structlog
 
 from node.errors import StoreUnavailable
 from node.metrics import NodeMetrics
-from node.store.history import Attempt, HistoryStore
+from node.store.contract import Attempt, AttemptHistory
 
 log = structlog.get_logger("node.history")
 
@@ -27,7 +27,7 @@ WRITE_BATCH = 1000
 class HistoryWriter:
     """Writes history records in the background, in batches."""
 
-    def __init__(self, store: HistoryStore, metrics: NodeMetrics) -> None:
+    def __init__(self, store: AttemptHistory, metrics: NodeMetrics) -> None:
         self.store = store
         self.metrics = metrics
         self._queue: list[Attempt] = []

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from node.store.leases import LeaseStore
+from node.store.contract import BucketLeases
 
 log = structlog.get_logger("node.leases")
 
@@ -66,7 +66,7 @@ class LeaseManager:
 
     def __init__(
         self,
-        store: LeaseStore,
+        store: BucketLeases,
         ttl: float,
         *,
         monotonic: Callable[[], float] = time.monotonic,

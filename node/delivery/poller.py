@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,9 +58,14 @@ from node.schedule.model import Status
 from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
-from node.store.contract import Claimed, Completion, Outcome
-from node.store.history import Attempt
-from node.store.schedules import MAX_TENANTS_PER_ROUND, ScheduleStore
+from node.store.contract import (
+    MAX_TENANTS_PER_ROUND,
+    Attempt,
+    Claimed,
+    Completion,
+    Outcome,
+    Schedules,
+)
 
 log = structlog.get_logger("node.poller")
 
@@ -97,7 +103,7 @@ PUBLISH_PART_BYTES = 8 * 1024 * 1024
 class BucketPoller:
     def __init__(
         self,
-        store: ScheduleStore,
+        store: Schedules,
         leases: LeaseManager,
         publisher: KafkaPublisher,
         metrics: NodeMetrics,
@@ -398,14 +404,26 @@ class BucketPoller:
             self._busy = set()
 
     async def _complete(self, claimed: list[Claimed], started: float) -> None:
+        """Publish what the claim took and still may be, and write what
+        became of each: decided whole before anything is written."""
         self.metrics.store_seconds.labels("claim").observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(claimed))
-        # The claim may have waited; publish nothing for a lease that could
-        # have expired meanwhile. Put those back, fenced by their token: if
-        # the bucket has a new owner this matches nothing (the new owner
-        # recovers them, their token being older than its own); if the lease
-        # only lapsed here and a renew then kept it under the same token, no
-        # other owner ever will, and they would stay IN_FLIGHT for good.
+        live = await self._end_unpublishable(self._still_held(claimed))
+        if not live:
+            return
+        results = await self._publish_batch(live)
+        outcomes = await self._decide(results)
+        marked = await self._write_outcomes(outcomes, results)
+        self._report(results.delivered, marked, outcomes)
+
+    def _still_held(self, claimed: list[Claimed]) -> list[Claimed]:
+        """The claims whose lease is still usable. The claim may have waited;
+        publish nothing for a lease that could have expired meanwhile. Put
+        those back, fenced by their token: if the bucket has a new owner this
+        matches nothing (the new owner recovers them, their token being older
+        than its own); if the lease only lapsed here and a renew then kept it
+        under the same token, no other owner ever will, and they would stay
+        IN_FLIGHT for good."""
         live: list[Claimed] = []
         abandoned: list[Claimed] = []
         for claim in claimed:
@@ -415,14 +433,21 @@ class BucketPoller:
             self.book.stale({c.bucket for c in abandoned})
             self.metrics.deliveries.labels("abandoned").inc(len(abandoned))
             log.warning("lease gone mid-batch (expired or handed over)", abandoned=len(abandoned))
+        return live
+
+    async def _end_unpublishable(self, live: list[Claimed]) -> list[Claimed]:
+        """End what must not be published (past its deadline, a missed
+        occurrence to skip); returns the rest. On an error none was published:
+        all are put back next round."""
         try:
             live = await self._expire_overdue(live)
-            live = await self._skip_misfired(live)
+            return await self._skip_misfired(live)
         except Exception:
-            self._unclaimed.extend(live)  # none was published
+            self._unclaimed.extend(live)
             raise
-        if not live:
-            return
+
+    async def _publish_batch(self, live: list[Claimed]) -> _Results:
+        """Publish ``live`` and sort the answers by what became of each."""
         started = time.perf_counter()
         try:
             results, unread = await self._publish(live)
@@ -435,53 +460,57 @@ class BucketPoller:
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
         if unread:
             log.warning("large payloads could not be read: put back unpublished", count=len(unread))
-        live = [c for c in live if c.id not in unread]
+        published = [c for c in live if c.id not in unread]
+        return _sorted(published, results, list(unread.values()))
 
-        delivered = [c for c, failure in zip(live, results, strict=True) if failure is None]
-        # The broker's trouble spends no attempt: those wait for the broker.
-        deferred = [c for c, f in zip(live, results, strict=True) if f is not None and f.broker]
-        reasons = [f for f in results if f is not None and f.broker]
-        # Put back unpublished: those, and those whose payload the store did not give.
-        put_back = [*deferred, *unread.values()]
-        failures = [
-            (c, f.error)
-            for c, f in zip(live, results, strict=True)
-            if f is not None and not f.broker
-        ]
+    async def _decide(self, results: _Results) -> _Outcomes:
+        """Every outcome of the batch (``outcomes.py``), dead letters
+        published first: a failure whose dead letter did not go out keeps
+        retrying rather than end without a record."""
         done_at = self.wall()
-        exhausted = [(c, error) for c, error in failures if self.rules.exhausted(c)]
+        exhausted = [(c, error) for c, error in results.failures if self.rules.exhausted(c)]
         unsent: set[str] = set()
         if exhausted and self.dead_letter_topic:
             unsent = await self._dead_letter(exhausted)
-        # Every outcome is decided before anything is written, and written
-        # as one unit: whichever write fails, all of it is kept for the next
-        # round to settle (a completion or a put-back already written
-        # matches nothing the second time). Else a write failing part way
-        # would leave the rest IN_FLIGHT under this node's live token, which
-        # no recovery of an older owner's work would ever touch.
-        done = [self.rules.delivered(c, done_at) for c in delivered]
-        failed = [
-            self.rules.failed(c, error, done_at, dead_letter_failed=c.id in unsent)
-            for c, error in failures
-        ]
+        return _Outcomes(
+            done=[self.rules.delivered(c, done_at) for c in results.delivered],
+            failed=[
+                self.rules.failed(c, error, done_at, dead_letter_failed=c.id in unsent)
+                for c, error in results.failures
+            ],
+            put_back=[*results.deferred, *results.unread],
+            at=done_at,
+        )
+
+    async def _write_outcomes(self, outcomes: _Outcomes, results: _Results) -> int:
+        """Write the outcomes as one unit; returns how many deliveries were
+        marked. Whichever write fails, all of it is kept for the next round
+        to settle (a completion or a put-back already written matches nothing
+        the second time). Else a write failing part way would leave the rest
+        IN_FLIGHT under this node's live token, which no recovery of an older
+        owner's work would ever touch."""
         try:
             started = time.perf_counter()
-            marked = await self._write(done) if done else 0
+            marked = await self._write(outcomes.done) if outcomes.done else 0
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
-            if failed:
-                await self._write(failed)
-            if put_back:
-                await self.store.unclaim(put_back)
+            if outcomes.failed:
+                await self._write(outcomes.failed)
+            if outcomes.put_back:
+                await self.store.unclaim(outcomes.put_back)
         except Exception:
-            self._unsettled.extend([*done, *failed])
-            self._unclaimed.extend(put_back)
+            self._unsettled.extend([*outcomes.done, *outcomes.failed])
+            self._unclaimed.extend(outcomes.put_back)
             raise
         finally:
-            self.book.stale({c.bucket for c in put_back})
-            if deferred:
-                self._deferred(deferred, reasons, delivered)
+            self.book.stale({c.bucket for c in outcomes.put_back})
+            if results.deferred:
+                self._deferred(results.deferred, results.reasons, results.delivered)
+        return marked
+
+    def _report(self, delivered: list[Claimed], marked: int, outcomes: _Outcomes) -> None:
+        """Count, log and record what was written (history off the path)."""
         if delivered:
             self.metrics.deliveries.labels("delivered").inc(marked)
             if marked < len(delivered):
@@ -496,15 +525,13 @@ class BucketPoller:
             # A one-shot schedule's document records its delivery already
             # (deliveredAt, attempts, owner, token): its history shows it
             # from there, and the store is spared a write for nearly every record.
-            self._record([c for c in delivered if c.recurring], done_at, Outcome.DELIVERED)
+            self._record([c for c in delivered if c.recurring], outcomes.at, Outcome.DELIVERED)
             for c in delivered:
-                lateness = (done_at - c.execute_at).total_seconds()
-                self.metrics.lateness.observe(max(lateness, 0.0))
-                log.debug(
-                    "schedule delivered", **_about(c), lateness_s=round(max(lateness, 0.0), 4)
-                )
-        if failed:
-            self._failed(failed)
+                lateness = max((outcomes.at - c.execute_at).total_seconds(), 0.0)
+                self.metrics.lateness.observe(lateness)
+                log.debug("schedule delivered", **_about(c), lateness_s=round(lateness, 4))
+        if outcomes.failed:
+            self._failed(outcomes.failed)
 
     async def _publish(
         self,
@@ -685,6 +712,45 @@ class BucketPoller:
                 unsent.add(claimed.id)
                 log.error("dead-letter publish failed", **_about(claimed), error=failure.error)
         return unsent
+
+
+@dataclass(frozen=True)
+class _Results:
+    """A published batch, sorted by what became of each record."""
+
+    delivered: list[Claimed]
+    deferred: list[Claimed]  # the broker's trouble: put back, no attempt spent
+    reasons: list[Failed]  # why, for each deferred one
+    failures: list[tuple[Claimed, str]]  # the record's own fault: an attempt spent
+    unread: list[Claimed]  # unpublished: the store did not give their payloads
+
+
+@dataclass(frozen=True)
+class _Outcomes:
+    """What the batch's schedules become, decided before any is written."""
+
+    done: list[Completion]
+    failed: list[Completion]
+    put_back: list[Claimed]
+    at: datetime
+
+
+def _sorted(
+    published: list[Claimed], results: list[Failed | None], unread: list[Claimed]
+) -> _Results:
+    delivered: list[Claimed] = []
+    deferred: list[Claimed] = []
+    reasons: list[Failed] = []
+    failures: list[tuple[Claimed, str]] = []
+    for claim, failure in zip(published, results, strict=True):
+        if failure is None:
+            delivered.append(claim)
+        elif failure.broker:
+            deferred.append(claim)
+            reasons.append(failure)
+        else:
+            failures.append((claim, failure.error))
+    return _Results(delivered, deferred, reasons, failures, unread)
 
 
 def _by_bytes(claims: list[Claimed], most: int) -> list[list[Claimed]]:

@@ -20,7 +20,6 @@ lease token, the outcome and the error), for ``GET /v1/schedules/{id}/history``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,42 +28,16 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
 
 from node.store.boundary import store_call
+from node.store.contract import Attempt
+
+__all__ = ["Attempt", "HistoryStore"]
 
 TTL_INDEX = "expire"
 
 
-@dataclass(frozen=True)
-class Attempt:
-    schedule_id: str  # the stored id
-    tenant: str
-    run: int  # the schedule's attempts so far, this one included
-    execute_at: datetime  # the occurrence
-    attempt: int  # of this occurrence
-    at: datetime
-    node: str
-    token: int
-    outcome: str  # delivered, retrying, failed, skipped
-    error: str | None
-    life: datetime | None = None  # the schedule's createdAt (None: records made before lives)
-
-    def to_document(self, cap: int) -> dict[str, Any]:
-        life = "" if self.life is None else f"@{int(self.life.timestamp() * 1000)}"
-        return {
-            "_id": f"{self.schedule_id}{life}#{self.run % cap}",
-            "scheduleId": self.schedule_id,
-            "tenant": self.tenant,
-            "run": self.run,
-            "executeAt": self.execute_at,
-            "attempt": self.attempt,
-            "at": self.at,
-            "node": self.node,
-            "token": self.token,
-            "outcome": self.outcome,
-            "error": self.error,
-        }
-
-
 class HistoryStore:
+    """``contract.AttemptHistory`` on MongoDB: the ``history`` collection."""
+
     def __init__(
         self, collection: AsyncCollection[dict[str, Any]], *, retention: timedelta, cap: int
     ) -> None:

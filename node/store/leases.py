@@ -26,6 +26,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class LeaseStore:
+    """``contract.BucketLeases`` on MongoDB: the ``buckets`` collection."""
+
     def __init__(self, collection: AsyncCollection[dict[str, Any]], node_id: str) -> None:
         self.collection = collection
         self.node_id = node_id
@@ -132,6 +134,7 @@ class LeaseStore:
         return await self.collection.find({}, {"owner": 1, "token": 1}).sort("_id", 1).to_list()
 
     def _takeable_expr(self) -> dict[str, Any]:
+        # statements.lease_takeable, evaluated by the server at its $$NOW.
         return {
             "$or": [
                 {"$eq": [{"$ifNull": ["$owner", None]}, None]},

@@ -42,64 +42,49 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 from node.errors import (
     BucketCountMismatch,
     FormatTooNew,
-    NotCancellable,
     ReadTimedOut,
     ScheduleConflict,
-    VersionMismatch,
 )
 from node.schedule.changes import Change, version_of
-from node.schedule.model import (
-    CHANGEABLE,
-    FINAL,
-    RECENT_OCCURRENCES,
-    NewSchedule,
-    Status,
-    public_id,
-)
-from node.schedule.payload import INLINE, LARGE, payload_size
+from node.schedule.model import NewSchedule, Status, public_id
+from node.schedule.payload import LARGE, payload_size
 from node.schedule.times import aware
+from node.store import statements
 from node.store.boundary import DURABLE, store_call
-from node.store.contract import Claimed, Completion, Outcome
-from node.store.documents import (
-    INDEXES,
-    SUPERSEDED_INDEXES,
-    bucket_of,
-    schedule_document,
-    version_filter,
+from node.store.contract import (
+    BULK_CANCEL_BATCH,
+    BULK_CANCEL_LIMIT,
+    CHANGE_ATTEMPTS,
+    DEFAULT_RETENTION,
+    MAX_TENANTS_PER_ROUND,
+    Claimed,
+    Completion,
 )
+from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
 from node.store.group_insert import GroupInserter
 from node.store.listing import Listing, Page, Selector
+from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
-DEFAULT_RETENTION = timedelta(days=7)
 # Ids per claim or mark statement. The embedded server matches "$in" by
 # scanning the list for every candidate, so one statement costs the square of
 # its length: claiming 500 took 0.83 s as one statement and 0.35 s as 25 of
 # 20 (measured); a real MongoDB does not care either way.
 IDS_PER_STATEMENT = 20
-# Tenants asked for their own due work in one round when a backlog fills the
-# window (the poller rotates the list, so with more all are served in turn).
-MAX_TENANTS_PER_ROUND = 32
-# A verb reads the schedule, decides, and writes under the status and version
-# it read; a claim or another verb in between makes it read and decide again,
-# at most this many times (each loss means the schedule did change).
-CHANGE_ATTEMPTS = 5
-# A bulk cancel reads and cancels this many at a time, and at most
-# BULK_CANCEL_LIMIT in one call (the answer says whether more match).
-BULK_CANCEL_BATCH = 500
-BULK_CANCEL_LIMIT = 10_000
 # A listing with payloads is read this many documents at a time.
 FULL_PAGE_BATCH = 16
 # Buckets read at once by a sliced read (embedded store only: ``sliced``).
 SLICES = 8
-_LIVE = sorted(s.value for s in CHANGEABLE)
-# The projection of the reads that hold many schedules at once (payload.py).
-WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
-WITHOUT_PAYLOADS = {LARGE: 0, INLINE: 0}
+
+
+__all__ = ["MAX_TENANTS_PER_ROUND", "ScheduleStore"]
 
 
 class ScheduleStore:
+    """``contract.Schedules`` on MongoDB: the ``schedules`` and ``cluster``
+    collections."""
+
     def __init__(
         self,
         database: AsyncDatabase[dict[str, Any]],
@@ -240,9 +225,7 @@ class ScheduleStore:
         own): one bounded count each, so its cost is the backlog it counts."""
         counts = {}
         for bucket in sorted(buckets):
-            due = await self.schedules.count_documents(
-                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": now}}
-            )
+            due = await self.schedules.count_documents(statements.due(bucket, now))
             if due:
                 counts[bucket] = due
         return counts
@@ -292,7 +275,7 @@ class ScheduleStore:
         """A tenant's live schedules (PENDING or PAUSED), for its quota."""
         # A tenant's schedules lie in every bucket: this count spans them all
         # (on a sharded cluster, every shard), one bounded index range each.
-        return await self.schedules.count_documents({"tenant": tenant, "status": {"$in": _LIVE}})
+        return await self.schedules.count_documents(statements.live_of(tenant))
 
     @store_call
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
@@ -309,37 +292,16 @@ class ScheduleStore:
         means no owner holds it and none ever will. ``if_match``: only at
         that version (``VersionMismatch`` otherwise).
         """
-        condition: dict[str, Any] = {}
-        if if_match is not None:
-            condition["version"] = version_filter(if_match)
         result = await self._durable.update_one(
-            {**self._one(schedule_id), "status": {"$in": _LIVE}, **condition},
-            {"$set": self._cancelled(now), "$inc": {"version": 1}},
+            statements.cancellable(schedule_id, self.bucket_count, if_match),
+            statements.cancelled(now, self.retention),
         )
         doc = await self.get(schedule_id)
         if doc is None:
             return None
         if result.modified_count == 0:
-            _check_version(doc, if_match)
-        if result.modified_count == 0 and doc["status"] != Status.CANCELLED.value:
-            if doc.get("recurrence") and doc["status"] == Status.IN_FLIGHT.value:
-                raise NotCancellable(
-                    f"an occurrence of {public_id(schedule_id)!r} is being delivered; "
-                    "cancel again in a moment to end the chain",
-                    retry_after=1,
-                )
-            raise NotCancellable(
-                f"schedule {public_id(schedule_id)!r} is {doc['status']} "
-                "and can no longer be cancelled",
-            )
+            statements.check_cancel(doc, if_match)
         return doc
-
-    def _cancelled(self, now: datetime) -> dict[str, Any]:
-        return {
-            "status": Status.CANCELLED.value,
-            "cancelledAt": now,
-            "expireAt": now + self.retention,
-        }
 
     @store_call
     async def change(
@@ -361,23 +323,13 @@ class ScheduleStore:
             doc = await self.schedules.find_one(self._one(schedule_id))
             if doc is None:
                 return None
-            _check_version(doc, if_match)
+            statements.check_version(doc, if_match)
             change = decide(doc)
             if change is None or not (change.set or change.unset):
                 return doc, None
-            sets = dict(change.set)
-            if change.status in FINAL:
-                sets["expireAt"] = now + self.retention
-            update: dict[str, Any] = {"$set": sets, "$inc": {"version": 1}}
-            if change.unset:
-                update["$unset"] = {name: "" for name in sorted(change.unset)}
             after = await self._durable.find_one_and_update(
-                {
-                    **self._one(schedule_id),
-                    "status": doc["status"],
-                    "version": version_filter(version_of(doc)),
-                },
-                update,
+                statements.unchanged(doc, self.bucket_count),
+                statements.change_update(change, now, self.retention),
                 return_document=ReturnDocument.AFTER,
             )
             if after is not None:
@@ -396,7 +348,7 @@ class ScheduleStore:
         the selector names, then cancel them with the cancel's own condition
         (PENDING or PAUSED), so one claimed meanwhile is delivered, not also
         cancelled. Returns (cancelled, more to cancel)."""
-        query = {**selector.filter(tenant), "status": {"$in": _LIVE}}
+        query = {**selector.filter(tenant), "status": {"$in": LIVE}}
         cancelled = 0
         while cancelled < BULK_CANCEL_LIMIT:
             with self._bounded_read():
@@ -411,8 +363,8 @@ class ScheduleStore:
                 return cancelled, False
             ops = [
                 UpdateMany(
-                    {**_ids_and_buckets(chunk), "status": {"$in": _LIVE}},
-                    {"$set": self._cancelled(now), "$inc": {"version": 1}},
+                    {**ids_and_buckets(chunk), "status": {"$in": LIVE}},
+                    statements.cancelled(now, self.retention),
                 )
                 for chunk in _chunks(found)
             ]
@@ -550,7 +502,7 @@ class ScheduleStore:
         other buckets."""
         docs = await (
             self.schedules.find(
-                {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}},
+                statements.due(bucket, until),
                 # A large payload stays behind: the poller fetches it at publish time.
                 WITHOUT_LARGE_PAYLOAD,
             )
@@ -582,11 +534,7 @@ class ScheduleStore:
         for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
             docs = await (
                 self.schedules.find(
-                    {
-                        "tenant": tenant,
-                        "status": Status.PENDING.value,
-                        "bucket": {"$in": sorted(buckets)},
-                    },
+                    statements.pending_of(tenant, buckets),
                     WITHOUT_LARGE_PAYLOAD,
                 )
                 .sort("dueAt", ASCENDING)
@@ -607,7 +555,7 @@ class ScheduleStore:
         found: dict[str, bytes] = {}
         for chunk in _chunks(docs):
             for doc in await self.schedules.find(
-                _ids_and_buckets(chunk), {LARGE: 1}, batch_size=len(chunk)
+                ids_and_buckets(chunk), {LARGE: 1}, batch_size=len(chunk)
             ).to_list():
                 if LARGE in doc:
                     found[str(doc["_id"])] = bytes(doc[LARGE])
@@ -638,24 +586,8 @@ class ScheduleStore:
             by_token[tokens[doc["bucket"]], version_of(doc)].append(doc)
         ops = [
             UpdateMany(
-                {
-                    **_ids_and_buckets(chunk),
-                    "status": Status.PENDING.value,
-                    "dueAt": {"$lte": now},
-                    "version": version_filter(version),
-                    **self._fence("$lte", token),
-                },
-                {
-                    "$set": {
-                        "status": Status.IN_FLIGHT.value,
-                        "token": token,
-                        "owner": owner,
-                        "claimedAt": now,
-                    },
-                    # attempts: of this occurrence; runs: of the schedule's
-                    # whole life (its history records are numbered by it).
-                    "$inc": {"attempts": 1, "runs": 1, "version": 1},
-                },
+                statements.claimable(chunk, version, token, now, unfenced=self.unfenced),
+                statements.claim_update(token, owner, now),
             )
             for (token, version), group in by_token.items()
             for chunk in _chunks(group)
@@ -666,7 +598,7 @@ class ScheduleStore:
         if result.modified_count == len(docs):
             return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs]
         held = await self.schedules.find(
-            {**_ids_and_buckets(docs), "status": Status.IN_FLIGHT.value},
+            {**ids_and_buckets(docs), "status": Status.IN_FLIGHT.value},
             {"token": 1, "bucket": 1},
             batch_size=len(docs),
         ).to_list()
@@ -683,21 +615,16 @@ class ScheduleStore:
         same: dict[tuple[int, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
         ops: list[UpdateMany | UpdateOne] = []
         for completion in completions:
-            update = self._update_for(completion)
+            update = statements.completion_update(completion, self.retention)
             if completion.occurrence is None and completion.due_at is None:
                 key = (completion.claimed.token, repr(update))
                 same.setdefault(key, (update, []))[1].append(completion.claimed.doc)
             else:
-                ops.append(UpdateOne(self._owned(completion.claimed), update))
+                ops.append(
+                    UpdateOne(statements.owned(completion.claimed, unfenced=self.unfenced), update)
+                )
         ops.extend(
-            UpdateMany(
-                {
-                    **_ids_and_buckets(chunk),
-                    "status": Status.IN_FLIGHT.value,
-                    **self._fence("$eq", token),
-                },
-                update,
-            )
+            UpdateMany(statements.held_by(chunk, token, unfenced=self.unfenced), update)
             for (token, _), (update, docs) in same.items()
             for chunk in _chunks(docs)
         )
@@ -716,17 +643,7 @@ class ScheduleStore:
         for claimed in claims:
             by_token[claimed.token].append(claimed.doc)
         ops = [
-            UpdateMany(
-                {
-                    **_ids_and_buckets(chunk),
-                    "status": Status.IN_FLIGHT.value,
-                    **self._fence("$eq", token),
-                },
-                {
-                    "$set": {"status": Status.PENDING.value},
-                    "$inc": {"attempts": -1, "runs": -1, "version": 1},
-                },
-            )
+            UpdateMany(statements.held_by(chunk, token, unfenced=self.unfenced), statements.UNCLAIM)
             for token, docs in by_token.items()
             for chunk in _chunks(docs)
         ]
@@ -754,151 +671,27 @@ class ScheduleStore:
         stale: list[dict[str, Any]] = []
         for bucket, token in sorted(tokens.items()):
             in_flight = await self.schedules.find(
-                {"bucket": bucket, "status": Status.IN_FLIGHT.value},
+                statements.in_flight(bucket),
                 {"bucket": 1, "token": 1, "claimedAt": 1},
             ).to_list()
             self.documents_read["recover"] += len(in_flight)
-            stale += [s for s in in_flight if _left_behind(s, token, stranded_before)]
+            stale += [s for s in in_flight if statements.left_behind(s, token, stranded_before)]
         if not stale:
             return []
         ops = [
-            UpdateOne(
-                {
-                    "_id": s["_id"],
-                    "bucket": s["bucket"],
-                    "status": Status.IN_FLIGHT.value,
-                    "token": s.get("token", 0),
-                    # Not claimed again meanwhile (a claim sets claimedAt).
-                    "claimedAt": s.get("claimedAt"),
-                },
-                {
-                    # recovered: an attempt of it was in flight when its
-                    # round ended unfinished, and may have been published.
-                    "$set": {
-                        "status": Status.PENDING.value,
-                        "token": tokens[s["bucket"]],
-                        "recovered": True,
-                    },
-                    "$inc": {"version": 1},
-                },
-            )
+            UpdateOne(statements.still_left(s), statements.recovered(tokens[s["bucket"]]))
             for s in stale
         ]
         await self._durable.bulk_write(ops, ordered=False)
         return [str(s["_id"]) for s in stale]
 
     def _one(self, schedule_id: str) -> dict[str, Any]:
-        """The filter of one schedule: its id and its bucket."""
-        return {"_id": schedule_id, "bucket": bucket_of(schedule_id, self.bucket_count)}
-
-    def _owned(self, item: Claimed) -> dict[str, Any]:
-        """The filter of a write completing one claimed schedule."""
-        return {
-            "_id": item.id,
-            "bucket": item.bucket,
-            "status": Status.IN_FLIGHT.value,
-            **self._fence("$eq", item.token),
-        }
-
-    def _fence(self, operator: str, token: int) -> dict[str, Any]:
-        """The token condition of an owner write."""
-        return {} if self.unfenced else {"token": {operator: token}}
-
-    def _update_for(self, completion: Completion) -> dict[str, Any]:
-        """The update that records a completion (its decisions are already made)."""
-        occurrence = completion.occurrence
-        fields: dict[str, Any] = {}
-        if occurrence is not None:
-            fields["lastError"] = completion.error
-            fields["lateStreak"] = occurrence.late_streak
-        fields["status"] = completion.status.value
-        if completion.outcome == Outcome.DELIVERED:
-            fields["deliveredAt"] = completion.at
-        if completion.status in FINAL:
-            fields["expireAt"] = completion.at + self.retention
-        if completion.extra:
-            # An extra occurrence (a trigger) is over: the chain goes on where
-            # it was, due at its own next occurrence.
-            fields.update(dueAt=completion.due_at, attempts=0, lastError=completion.error)
-            return {
-                "$set": fields,
-                "$unset": {"triggeredAt": ""},
-                "$inc": {"version": 1},
-                "$push": {
-                    "recent": {"$each": [self._record(completion)], "$slice": -RECENT_OCCURRENCES}
-                },
-            }
-        if occurrence is None:
-            if completion.due_at is not None:
-                fields["dueAt"] = completion.due_at
-            fields["lastError"] = completion.error
-            if completion.status == Status.EXPIRED:
-                fields["expiredAt"] = completion.at
-            return {"$set": fields, "$inc": {"version": 1}}
-        # A recurring schedule: the record of this occurrence and the next one
-        # (or the chain's end) in one write, so a crash can neither lose the
-        # chain nor run an occurrence twice on purpose (only the at-least-once
-        # repeat of an unmarked publish).
-        if occurrence.next_at is not None:
-            fields.update(executeAt=occurrence.next_at, dueAt=occurrence.next_at, attempts=0)
-        return {
-            "$set": fields,
-            "$inc": {"occurrences": 1, "skippedOccurrences": occurrence.skipped, "version": 1},
-            "$push": {
-                "recent": {"$each": [self._record(completion)], "$slice": -RECENT_OCCURRENCES}
-            },
-        }
-
-    @staticmethod
-    def _record(completion: Completion) -> dict[str, Any]:
-        """An occurrence as a recurring schedule's ``recent`` keeps it."""
-        claimed = completion.claimed
-        return {
-            "executeAt": claimed.execute_at,
-            "outcome": completion.outcome.value,
-            "at": completion.at,
-            "attempts": claimed.attempt,
-            "token": claimed.token,
-            "error": completion.error,
-        }
-
-
-def _left_behind(doc: dict[str, Any], token: int, stranded_before: datetime | None) -> bool:
-    """An IN_FLIGHT schedule no round of the holder of ``token`` is working:
-    claimed under an older token, or under this one before ``stranded_before``."""
-    held = int(doc.get("token", 0))
-    if held < token:
-        return True
-    claimed_at = doc.get("claimedAt")
-    return (
-        held == token
-        and stranded_before is not None
-        and claimed_at is not None
-        and aware(claimed_at) < stranded_before
-    )
+        return statements.one(schedule_id, self.bucket_count)
 
 
 def _due_and_id(doc: dict[str, Any]) -> tuple[datetime, str]:
     return aware(doc["dueAt"]), str(doc["_id"])
 
 
-def _check_version(doc: dict[str, Any], if_match: int | None) -> None:
-    """Refuse a conditional call (If-Match) on a schedule at another version."""
-    if if_match is not None and version_of(doc) != if_match:
-        raise VersionMismatch(
-            f"schedule {public_id(str(doc['_id']))!r} is at version {version_of(doc)}, "
-            f"not {if_match}"
-        )
-
-
 def _chunks(docs: Sequence[dict[str, Any]]) -> list[Sequence[dict[str, Any]]]:
     return [docs[i : i + IDS_PER_STATEMENT] for i in range(0, len(docs), IDS_PER_STATEMENT)]
-
-
-def _ids_and_buckets(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The filter of several schedules: their ids, then their buckets (so a
-    sharded cluster asks only the shards that hold them)."""
-    return {
-        "_id": {"$in": [d["_id"] for d in docs]},
-        "bucket": {"$in": sorted({int(d["bucket"]) for d in docs})},
-    }

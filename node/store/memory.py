@@ -1,0 +1,585 @@
+"""The store in memory: ``contract.Schedules``, ``contract.BucketLeases``
+and ``contract.AttemptHistory`` with no IO, for virtual-time tests and
+benchmarks (APScheduler's ``MemoryDataStore``, dramatiq's ``StubBroker``).
+
+A twin, not a mock: the same contract tests run over it and over MongoDB
+(the ``store`` fixture of ``tests/conftest.py``), and every condition and
+change it applies to a schedule is the Mongo store's own statement
+(``statements.py``), applied by ``emulation.py``. Its clock is injected (a
+callable returning an aware datetime): it judges lease expiry and is
+``server_time``; nothing here reads a wall clock or sleeps.
+
+What it leaves out, on purpose: durability (a "crash" of it is the test's
+to model), the group commit of inserts and its StoreBusy, read deadlines
+(ReadTimedOut), and the TTL monitor, which runs only when asked
+(``MemorySchedules.expire``). Faults are injected by name (``Faults.fail``):
+a call that fails raises ``StoreUnavailable``, before or after it applied,
+as a store whose answer was lost.
+
+One instance of each may be shared by several nodes in one process: the
+schedules and history as they are, the leases through ``MemoryLeases.of``,
+one view per node over one table.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from node.errors import ScheduleConflict, StoreUnavailable
+from node.schedule.changes import Change, version_of
+from node.schedule.model import NewSchedule, Status, public_id
+from node.schedule.payload import LARGE, payload_size
+from node.schedule.times import aware
+from node.store import statements
+from node.store.contract import (
+    BULK_CANCEL_BATCH,
+    BULK_CANCEL_LIMIT,
+    CHANGE_ATTEMPTS,
+    DEFAULT_RETENTION,
+    MAX_TENANTS_PER_ROUND,
+    Attempt,
+    AttemptHistory,
+    BucketLeases,
+    Claimed,
+    Completion,
+    Schedules,
+)
+from node.store.documents import schedule_document
+from node.store.emulation import Document, apply, matches, project, sort, stored
+from node.store.listing import Listing, Page, Selector
+from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Clock = Callable[[], datetime]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class _Fault:
+    times: int
+    applied: bool  # the call takes effect, and then its answer is lost
+
+
+class Faults:
+    """Store calls made to fail on purpose, by method name."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, _Fault] = {}
+        self.calls: Counter[str] = Counter()
+
+    def fail(self, method: str, times: int = 1, *, applied: bool = False) -> None:
+        """The next ``times`` calls of ``method`` raise ``StoreUnavailable``:
+        without effect, or (``applied``) after taking effect."""
+        if not callable(getattr(self, method, None)):
+            raise ValueError(f"no store method {method!r}")
+        self._faults[method] = _Fault(times, applied)
+
+    def _take_fault(self, method: str) -> _Fault | None:
+        self.calls[method] += 1
+        fault = self._faults.get(method)
+        if fault is None:
+            return None
+        fault.times -= 1
+        if fault.times <= 0:
+            del self._faults[method]
+        return fault
+
+
+def _store_call(
+    method: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """A contract method of a memory store: counted, and failed when told."""
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        store = args[0]
+        assert isinstance(store, Faults)
+        fault = store._take_fault(method.__name__)
+        if fault is not None and not fault.applied:
+            raise StoreUnavailable(f"injected: {method.__name__} did not reach the store")
+        result = await method(*args, **kwargs)
+        if fault is not None:
+            raise StoreUnavailable(f"injected: the answer of {method.__name__} was lost")
+        return result
+
+    return call
+
+
+class Documents:
+    """The schedule documents, by id and by bucket (a bucket's reads touch
+    its own documents only, as an index range would): what a database holds,
+    which several stores (nodes, or views of one) may share."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Document] = {}
+        self._by_bucket: dict[int, dict[str, Document]] = defaultdict(dict)
+
+    def put(self, doc: Document) -> None:
+        kept = stored(doc)
+        self.by_id[kept["_id"]] = kept
+        self._by_bucket[int(kept["bucket"])][kept["_id"]] = kept
+
+    def remove(self, schedule_id: str) -> None:
+        doc = self.by_id.pop(schedule_id)
+        del self._by_bucket[int(doc["bucket"])][schedule_id]
+
+    def _candidates(self, query: Mapping[str, Any]) -> Iterable[Document]:
+        """The documents a query can match at most, narrowed by its id or
+        bucket as an index would (the filter is still applied to each)."""
+        ids = query.get("_id")
+        if isinstance(ids, str):
+            return [self.by_id[ids]] if ids in self.by_id else []
+        if isinstance(ids, Mapping) and set(ids) == {"$in"}:
+            return [self.by_id[i] for i in dict.fromkeys(ids["$in"]) if i in self.by_id]
+        bucket = query.get("bucket")
+        if isinstance(bucket, int):
+            return list(self._by_bucket[bucket].values())
+        if isinstance(bucket, Mapping) and set(bucket) == {"$in"}:
+            return [d for b in bucket["$in"] for d in self._by_bucket[b].values()]
+        return list(self.by_id.values())
+
+    def find(
+        self,
+        query: Mapping[str, Any],
+        *,
+        order: Sequence[tuple[str, int]] = (),
+        limit: int = 0,
+        projection: Mapping[str, int] | None = None,
+    ) -> list[Document]:
+        """Copies of the documents ``query`` matches, in ``order`` (else as
+        stored), at most ``limit`` (0: all), without the fields ``projection``
+        excludes."""
+        found = [d for d in self._candidates(query) if matches(d, query)]
+        if order:
+            found = sort(found, order)
+        if limit:
+            found = found[:limit]
+        return [project(d, projection) for d in found]
+
+    def count(self, query: Mapping[str, Any]) -> int:
+        return sum(1 for d in self._candidates(query) if matches(d, query))
+
+    def update(
+        self, query: Mapping[str, Any], update: Mapping[str, Any], *, many: bool = False
+    ) -> int:
+        """Apply ``update`` to the first document ``query`` matches (or to
+        all, ``many``); returns how many it changed."""
+        written = 0
+        for doc in self._candidates(query):
+            if matches(doc, query):
+                apply(doc, update)
+                written += 1
+                if not many:
+                    break
+        return written
+
+
+class MemorySchedules(Faults):
+    """``contract.Schedules`` in memory."""
+
+    def __init__(
+        self,
+        bucket_count: int,
+        clock: Clock,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+        unfenced: bool = False,
+        documents: Documents | None = None,
+    ) -> None:
+        super().__init__()
+        self.bucket_count = bucket_count
+        self.clock = clock
+        self.retention = retention
+        self.unfenced = unfenced
+        self.documents_read: Counter[str] = Counter()
+        self.documents = Documents() if documents is None else documents
+
+    # -- start-up -------------------------------------------------------------
+
+    @_store_call
+    async def prepare(self, now: datetime) -> None:
+        """Nothing to make: the bucket count is this instance's own."""
+
+    @_store_call
+    async def server_time(self) -> datetime:
+        return self.clock()
+
+    def expire(self) -> int:
+        """What MongoDB's TTL monitor does: remove the documents whose
+        ``expireAt`` has passed by the clock. Returns how many."""
+        now = self.clock()
+        gone = [
+            schedule_id
+            for schedule_id, doc in self.documents.by_id.items()
+            if doc.get("expireAt") and doc["expireAt"] <= now
+        ]
+        for schedule_id in gone:
+            self.documents.remove(schedule_id)
+        return len(gone)
+
+    # -- the API's reads and writes -------------------------------------------
+
+    @_store_call
+    async def insert(self, new: NewSchedule, now: datetime) -> tuple[dict[str, Any], bool]:
+        doc = schedule_document(new, self.bucket_count, now)
+        existing = self.documents.by_id.get(doc["_id"])
+        if existing is None:
+            self.documents.put(doc)
+            return doc, True
+        if not new.client_id:  # a random 128-bit id collided (as the Mongo store: never overwrite)
+            raise StoreUnavailable(f"schedule {new.id!r}: a generated id collided")
+        if existing.get("fingerprint") != doc["fingerprint"]:
+            raise ScheduleConflict(f"schedule {new.id!r} exists with a different body", "id")
+        return stored(existing), False
+
+    @_store_call
+    async def get(self, schedule_id: str) -> dict[str, Any] | None:
+        found = self.documents.find(statements.one(schedule_id, self.bucket_count), limit=1)
+        return found[0] if found else None
+
+    @_store_call
+    async def count_pending(self, tenant: str) -> int:
+        return self.documents.count(statements.live_of(tenant))
+
+    @_store_call
+    async def cancel(
+        self, schedule_id: str, now: datetime, if_match: int | None = None
+    ) -> dict[str, Any] | None:
+        written = self.documents.update(
+            statements.cancellable(schedule_id, self.bucket_count, if_match),
+            statements.cancelled(now, self.retention),
+        )
+        found = self.documents.find(statements.one(schedule_id, self.bucket_count), limit=1)
+        if not found:
+            return None
+        if not written:
+            statements.check_cancel(found[0], if_match)
+        return found[0]
+
+    @_store_call
+    async def change(
+        self,
+        schedule_id: str,
+        decide: Callable[[dict[str, Any]], Change | None],
+        now: datetime,
+        if_match: int | None = None,
+    ) -> tuple[dict[str, Any], Change | None] | None:
+        for _ in range(CHANGE_ATTEMPTS):
+            found = self.documents.find(statements.one(schedule_id, self.bucket_count), limit=1)
+            if not found:
+                return None
+            doc = found[0]
+            statements.check_version(doc, if_match)
+            change = decide(doc)
+            if change is None or not (change.set or change.unset):
+                return doc, None
+            condition = statements.unchanged(doc, self.bucket_count)
+            if self.documents.update(
+                condition, statements.change_update(change, now, self.retention)
+            ):
+                return stored(self.documents.by_id[schedule_id]), change
+        raise ScheduleConflict(
+            f"schedule {public_id(schedule_id)!r} kept changing under this request; try again",
+            retry_after=1,
+        )
+
+    @_store_call
+    async def cancel_matching(
+        self, tenant: str, selector: Selector, now: datetime
+    ) -> tuple[int, bool]:
+        query = {**selector.filter(tenant), "status": {"$in": LIVE}}
+        cancelled = 0
+        while cancelled < BULK_CANCEL_LIMIT:
+            found = self.documents.find(query, order=[("_id", 1)], limit=BULK_CANCEL_BATCH)
+            if not found:
+                return cancelled, False
+            cancelled += self.documents.update(
+                {**ids_and_buckets(found), "status": {"$in": LIVE}},
+                statements.cancelled(now, self.retention),
+                many=True,
+            )
+            if len(found) < BULK_CANCEL_BATCH:
+                return cancelled, False
+        return cancelled, bool(self.documents.find(query, limit=1))
+
+    @_store_call
+    async def list_page(
+        self, listing: Listing, *, payloads: bool = False, max_bytes: int = 0
+    ) -> Page:
+        wanted = listing.limit + 1  # one more than the page: whether more follow
+        docs = self.documents.find(
+            listing.filter(),
+            order=listing.order(),
+            limit=wanted,
+            projection=None if payloads else WITHOUT_PAYLOADS,
+        )
+        if not payloads:
+            return Page(docs[: listing.limit], len(docs) > listing.limit)
+        page: list[dict[str, Any]] = []
+        held = 0
+        for doc in docs:
+            held += payload_size(doc)
+            if len(page) == listing.limit or (page and held > max_bytes):
+                return Page(page, True)
+            page.append(doc)
+        return Page(page, False)
+
+    @_store_call
+    async def count_by_status(self, listing: Listing, limit: int = 0) -> dict[str, int]:
+        counts = {}
+        for status in Status:
+            found = self.documents.count(listing.filter(status=status.value, paged=False))
+            counts[status.value] = min(found, limit) if limit else found
+        return counts
+
+    @_store_call
+    async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
+        counts = {}
+        for bucket in sorted(buckets):
+            due = self.documents.count(statements.due(bucket, now))
+            if due:
+                counts[bucket] = due
+        return counts
+
+    @_store_call
+    async def status_counts(self, buckets: Collection[int]) -> dict[str, int]:
+        mine = sorted(buckets)
+        return {
+            status.value: self.documents.count({"bucket": {"$in": mine}, "status": status.value})
+            if mine
+            else 0
+            for status in Status
+        }
+
+    # -- the bucket owner's reads and writes ----------------------------------
+
+    @_store_call
+    async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
+        docs = self.documents.find(
+            statements.due(bucket, until),
+            order=[("dueAt", 1)],
+            limit=limit,
+            projection=WITHOUT_LARGE_PAYLOAD,
+        )
+        self.documents_read["due"] += len(docs)
+        return docs
+
+    @_store_call
+    async def oldest_due_of(
+        self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int
+    ) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
+            docs = self.documents.find(
+                statements.pending_of(tenant, buckets),
+                order=[("dueAt", 1)],
+                limit=limit,
+                projection=WITHOUT_LARGE_PAYLOAD,
+            )
+            self.documents_read["fair"] += len(docs)
+            found += [d for d in docs if aware(d["dueAt"]) <= until]
+        return found
+
+    @_store_call
+    async def large_payloads(self, claims: Sequence[Claimed]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        for doc in self.documents.find(ids_and_buckets([c.doc for c in claims])) if claims else []:
+            if LARGE in doc:
+                found[str(doc["_id"])] = bytes(doc[LARGE])
+        return found
+
+    @_store_call
+    async def claim(
+        self, docs: Sequence[dict[str, Any]], tokens: Mapping[int, int], owner: str, now: datetime
+    ) -> list[Claimed]:
+        claimed = []
+        for doc in {d["_id"]: d for d in docs}.values():  # each once
+            token = tokens[doc["bucket"]]
+            condition = statements.claimable(
+                [doc], version_of(doc), token, now, unfenced=self.unfenced
+            )
+            if self.documents.update(condition, statements.claim_update(token, owner, now)):
+                claimed.append(Claimed(doc, token))
+        return claimed
+
+    @_store_call
+    async def complete(self, completions: Sequence[Completion]) -> int:
+        return sum(
+            self.documents.update(
+                statements.owned(c.claimed, unfenced=self.unfenced),
+                statements.completion_update(c, self.retention),
+            )
+            for c in completions
+        )
+
+    @_store_call
+    async def unclaim(self, claims: Sequence[Claimed]) -> int:
+        return sum(
+            self.documents.update(
+                statements.held_by([c.doc], c.token, unfenced=self.unfenced), statements.UNCLAIM
+            )
+            for c in claims
+        )
+
+    @_store_call
+    async def recover_in_flight(
+        self, tokens: Mapping[int, int], stranded_before: datetime | None = None
+    ) -> list[str]:
+        stale: list[dict[str, Any]] = []
+        for bucket, token in sorted(tokens.items()):
+            in_flight = self.documents.find(statements.in_flight(bucket))
+            self.documents_read["recover"] += len(in_flight)
+            stale += [s for s in in_flight if statements.left_behind(s, token, stranded_before)]
+        for doc in stale:
+            self.documents.update(
+                statements.still_left(doc), statements.recovered(tokens[doc["bucket"]])
+            )
+        return [str(s["_id"]) for s in stale]
+
+
+class MemoryLeases(Faults):
+    """``contract.BucketLeases`` in memory: one node's view (``node_id``) of
+    a lease table that other nodes' views share (``of``). Expiry is judged
+    by the injected clock, the store's."""
+
+    def __init__(
+        self, node_id: str, clock: Clock, table: dict[int, dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__()
+        self.node_id = node_id
+        self.clock = clock
+        self.table: dict[int, dict[str, Any]] = {} if table is None else table
+
+    def of(self, node_id: str) -> MemoryLeases:
+        """Another node's view of the same leases."""
+        return MemoryLeases(node_id, self.clock, self.table)
+
+    @_store_call
+    async def takeable(self, buckets: Iterable[int], within: float) -> tuple[list[int], list[int]]:
+        now = self.clock()
+        wanted = sorted(buckets)
+        takeable = [
+            b
+            for b in wanted
+            if b in self.table and statements.lease_takeable(self.table[b], self.node_id, now)
+        ]
+        return takeable, [b for b in wanted if b not in self.table]
+
+    @_store_call
+    async def take(
+        self, takeable: list[int], unseen: list[int], term: float, within: float
+    ) -> None:
+        now = self.clock()
+        for bucket in [*takeable, *unseen]:
+            lease = self.table.get(bucket)
+            if lease is None and bucket not in unseen:
+                continue  # an update without upsert: nothing to match
+            if lease is not None and not statements.lease_takeable(lease, self.node_id, now):
+                continue  # taken since (the upsert's duplicate key: another node won)
+            self.table[bucket] = {
+                "_id": bucket,
+                "owner": self.node_id,
+                "token": int((lease or {}).get("token", 0)) + 1,
+                "expiresAt": _expires_at(now, term),
+                "acquiredAt": now,
+            }
+
+    @_store_call
+    async def ours(self, buckets: list[int], within: float) -> dict[int, int]:
+        return {b: int(self.table[b]["token"]) for b in buckets if self._mine(b)}
+
+    @_store_call
+    async def extend(self, buckets: list[int], term: float, within: float) -> int:
+        expires_at = _expires_at(self.clock(), term)
+        mine = [b for b in set(buckets) if self._mine(b)]
+        for bucket in mine:
+            self.table[bucket]["expiresAt"] = expires_at
+        return len(mine)
+
+    @_store_call
+    async def tokens(self, buckets: list[int], within: float) -> dict[int, tuple[str | None, int]]:
+        return {
+            b: (self.table[b].get("owner"), int(self.table[b].get("token", 0)))
+            for b in buckets
+            if b in self.table
+        }
+
+    @_store_call
+    async def release(self, buckets: list[int], within: float) -> None:
+        for bucket in buckets:
+            if self._mine(bucket):
+                self.table[bucket].update(owner=None, expiresAt=EPOCH)
+
+    @_store_call
+    async def all(self) -> list[dict[str, Any]]:
+        return [
+            {"_id": b, "owner": lease.get("owner"), "token": lease.get("token", 0)}
+            for b, lease in sorted(self.table.items())
+        ]
+
+    def _mine(self, bucket: int) -> bool:
+        lease = self.table.get(bucket)
+        return lease is not None and lease.get("owner") == self.node_id
+
+
+def _expires_at(now: datetime, term: float) -> datetime:
+    # As $$NOW + term in whole milliseconds (leases.py).
+    start: datetime = stored(now)
+    return start + timedelta(milliseconds=int(term * 1000))
+
+
+class MemoryHistory(Faults):
+    """``contract.AttemptHistory`` in memory. Records past ``retention`` by
+    the clock are gone at once (MongoDB's TTL monitor takes up to a minute)."""
+
+    def __init__(self, clock: Clock, *, cap: int, retention: timedelta) -> None:
+        super().__init__()
+        self.clock = clock
+        self.cap = cap
+        self.retention = retention
+        self.records: dict[str, Document] = {}
+
+    @_store_call
+    async def prepare(self) -> None:
+        """Nothing to make."""
+
+    @_store_call
+    async def write(self, attempts: Sequence[Attempt]) -> int:
+        written = 0
+        for attempt in attempts:
+            doc = attempt.to_document(self.cap)
+            # The first ``cap`` runs fill empty slots (a run seen twice: the
+            # first record stays); later ones replace the slot's older run.
+            if attempt.run <= self.cap and doc["_id"] in self.records:
+                continue
+            self.records[doc["_id"]] = stored(doc)
+            written += 1
+        return written
+
+    @_store_call
+    async def of(
+        self, schedule_id: str, limit: int, since: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        kept_after = self.clock() - self.retention
+        found = [
+            r
+            for r in self.records.values()
+            if r["scheduleId"] == schedule_id
+            and r["at"] > kept_after
+            and (since is None or r["at"] >= since)
+        ]
+        return [stored(r) for r in sort(found, [("run", -1)])[:limit]]
+
+
+def _implements_the_contract(
+    schedules: MemorySchedules, leases: MemoryLeases, history: MemoryHistory
+) -> tuple[Schedules, BucketLeases, AttemptHistory]:
+    """Never called: mypy checks here that the twins fit the Protocols."""
+    return schedules, leases, history

@@ -1,0 +1,200 @@
+"""Delivery in virtual time: one clock that moves only when a test moves it,
+the memory store (``node/store/memory.py``) judging by it, a publisher that
+records what it is given, and owners (a lease book and a poller each) that
+a test drives round by round. No real sleeping, no sockets: a test of many
+virtual minutes runs in milliseconds (trio's MockClock; STYLE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from node.delivery.leases import LeaseManager
+from node.delivery.outcomes import Rules
+from node.delivery.poller import BucketPoller
+from node.delivery.publisher import Failed
+from node.metrics import NodeMetrics
+from node.schedule.model import Limits, NewSchedule
+from node.schedule.parse import parse_new_schedule
+from node.schedule.record import Record
+from node.schedule.retry import RetryPolicy
+from node.store.memory import MemoryLeases, MemorySchedules
+
+START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+LIMITS = Limits(max_payload_bytes=64 * 1024, horizon=timedelta(days=30))
+# Backoff of 1 s doubling to 8 s, five attempts: what the tests count on.
+RETRY = RetryPolicy(max_attempts=5, backoff=timedelta(seconds=1), backoff_max=timedelta(seconds=8))
+
+
+class VirtualTime:
+    """The wall clock (the store's, aware UTC) and the monotonic clock of
+    every owner, moving together and only when told."""
+
+    def __init__(self, start: datetime = START) -> None:
+        self.start = start
+        self.elapsed = 0.0
+
+    def wall(self) -> datetime:
+        # To the millisecond, as the node's estimate of the store's clock is.
+        return self.start + timedelta(milliseconds=round(self.elapsed * 1000))
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.elapsed
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.elapsed += seconds
+
+    def at(self, seconds: float) -> datetime:
+        """The wall time ``seconds`` after the start."""
+        return self.start + timedelta(seconds=seconds)
+
+
+class RecordingPublisher:
+    """A broker that takes records into a list. ``refuse``: schedule id ->
+    how many more of its records to refuse on their own account (spends an
+    attempt); ``down``: the broker takes nothing (spends none);
+    ``during``: called with each batch before it is taken (a test's moment
+    "while the owner publishes")."""
+
+    def __init__(self, time: VirtualTime) -> None:
+        self.time = time
+        self.records: list[Record] = []
+        self.published_at: list[datetime] = []
+        self.refuse: dict[str, int] = {}
+        self.down = False
+        self.raises: Exception | None = None
+        self.during: Callable[[Sequence[Record]], Awaitable[None]] | None = None
+
+    async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
+        if self.during is not None:
+            during, self.during = self.during, None
+            await during(records)
+        if self.raises is not None:
+            error, self.raises = self.raises, None
+            raise error
+        results: list[Failed | None] = []
+        for record in records:
+            schedule_id = header(record, "schedule-id")
+            if self.down:
+                results.append(Failed("KafkaConnectionError: broker unreachable", broker=True))
+            elif self.refuse.get(schedule_id, 0) > 0:
+                self.refuse[schedule_id] -= 1
+                results.append(Failed("MessageSizeTooLargeError", broker=False))
+            else:
+                self.records.append(record)
+                self.published_at.append(self.time.wall())
+                results.append(None)
+        return results
+
+    async def reachable(self) -> bool:
+        return not self.down
+
+    def ids(self, topic: str | None = None) -> list[str]:
+        return [header(r, "schedule-id") for r in self.records if topic is None or r.topic == topic]
+
+
+def header(record: Record, name: str) -> str:
+    return dict(record.headers)[name].decode()
+
+
+def schedule(schedule_id: str, at: datetime, now: datetime, **fields: Any) -> NewSchedule:
+    body: dict[str, Any] = {"id": schedule_id, "topic": "t", "payload": schedule_id, **fields}
+    if "recurrence" not in fields:
+        body["executeAt"] = at.isoformat()
+    return parse_new_schedule(json.dumps(body).encode(), LIMITS, now)
+
+
+class Owner:
+    """One node's owner side: its lease book and its poller, over the shared
+    memory store, with its own recording publisher."""
+
+    def __init__(
+        self,
+        name: str,
+        time: VirtualTime,
+        store: MemorySchedules,
+        leases: MemoryLeases,
+        *,
+        ttl: float = 30.0,
+        batch_size: int = 10,
+        poll_interval: float = 1.0,
+        retry: RetryPolicy = RETRY,
+        dead_letter_topic: str = "",
+        tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
+    ) -> None:
+        self.name = name
+        self.time = time
+        self.leases = LeaseManager(leases.of(name), ttl, monotonic=time.monotonic)
+        self.publisher = RecordingPublisher(time)
+        self.metrics = NodeMetrics()
+        self.poller = BucketPoller(
+            store,
+            self.leases,
+            self.publisher,  # type: ignore[arg-type]
+            self.metrics,
+            node_id=name,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            rules=Rules(retry, timedelta(seconds=60), random.Random(7)),
+            dead_letter_topic=dead_letter_topic,
+            tenant_names=tenant_names,
+            wall=time.wall,
+            monotonic=time.monotonic,
+        )
+
+    def count(self, outcome: str) -> float:
+        return float(self.metrics.deliveries.labels(outcome)._value.get())
+
+    async def take(self, buckets: Sequence[int]) -> dict[int, int]:
+        """Acquire ``buckets`` (as ownership would); returns the tokens held."""
+        await self.leases.acquire(buckets)
+        self._renewed_at = self.time.monotonic()
+        return self.leases.usable()
+
+    async def round(self) -> float:
+        """One round, after the renew ownership would have made by now
+        (every TTL/3 while any lease is held); returns the poller's delay,
+        cut to the next renew."""
+        renew_at = self._renewed_at + self.leases.renew_interval
+        if self.leases.held and self.time.monotonic() >= renew_at:
+            await self.leases.renew()
+            self._renewed_at = renew_at = self.time.monotonic()
+        delay = await self.poller.run_once()
+        if self.leases.held:
+            delay = min(delay, renew_at + self.leases.renew_interval - self.time.monotonic())
+        return max(delay, 0.0)
+
+    _renewed_at = float("-inf")
+
+    async def run(self, seconds: float, *, max_rounds: int = 10_000) -> None:
+        """Run rounds for ``seconds`` of virtual time, sleeping between them
+        exactly as long as each round asks (a hint or lease change would cut
+        a real sleep short; these tests make none while it runs)."""
+        end = self.time.elapsed + seconds
+        for _ in range(max_rounds):
+            delay = await self.round()
+            left = end - self.time.elapsed
+            if left <= 0:
+                return
+            self.time.advance(min(delay, left))
+        raise AssertionError(f"{max_rounds} rounds without {seconds} s passing: a busy loop")
+
+    async def run_until(
+        self, done: Callable[[], bool], within: float, *, max_rounds: int = 10_000
+    ) -> float:
+        """Run rounds until ``done()``; returns the virtual seconds it took.
+        Fails if ``within`` virtual seconds pass first."""
+        began = self.time.elapsed
+        for _ in range(max_rounds):
+            if done():
+                return self.time.elapsed - began
+            delay = await self.round()
+            if self.time.elapsed - began >= within:
+                break
+            self.time.advance(delay)
+        raise AssertionError(f"not done within {within} virtual seconds")
