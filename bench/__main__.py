@@ -10,8 +10,9 @@ are computed (CI's use); its figures are not for comparison.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,19 +39,30 @@ class Suite:
     render: Callable[[dict[str, Any]], str]
 
 
+def planned(
+    run: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]], full: Any, quick: Any
+) -> Callable[[bool], dict[str, Any]]:
+    """A suite that runs one plan: the full one, or with ``--quick`` the quick one."""
+    return lambda is_quick: asyncio.run(run(quick if is_quick else full))
+
+
+def _suite(module: Any) -> Suite:
+    return Suite(planned(module.run, module.FULL, module.QUICK), module.render)
+
+
 # In the order ``all`` runs them: the pure ones first, so a broken setup
 # shows before the long runs.
 SUITES = {
     "ring": Suite(ring_bench.measure, ring_bench.render),
     "membership": Suite(membership_bench.measure, membership_bench.render),
-    "ingest": Suite(ingest_bench.measure, ingest_bench.render),
-    "delivery": Suite(delivery_bench.measure, delivery_bench.render),
-    "scale": Suite(scale_bench.measure, scale_bench.render),
-    "retention": Suite(retention_bench.measure, retention_bench.render),
-    "indexes": Suite(index_bench.measure, index_bench.render),
-    "failover": Suite(failover_bench.measure, failover_bench.render),
-    "fairness": Suite(fairness_bench.measure, fairness_bench.render),
-    "bounds": Suite(bounds_bench.measure, bounds_bench.render),
+    "ingest": _suite(ingest_bench),
+    "delivery": _suite(delivery_bench),
+    "scale": _suite(scale_bench),
+    "retention": _suite(retention_bench),
+    "indexes": _suite(index_bench),
+    "failover": _suite(failover_bench),
+    "fairness": _suite(fairness_bench),
+    "bounds": _suite(bounds_bench),
 }
 
 

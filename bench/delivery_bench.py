@@ -64,11 +64,11 @@ from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
-from node.delivery.poller import READ_AHEAD, BucketPoller, longest_round
-from node.delivery.publisher import METADATA_DEADLINE, KafkaPublisher
+from node.delivery.poller import READ_AHEAD, configured_poller
+from node.delivery.publisher import KafkaPublisher
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT
-from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
+from node.schedule.retry import DEFAULT_POLICY
 from node.schedule.times import utcnow
 from node.store.history import Attempt, HistoryStore
 from node.store.memory import MemoryHistory, MemoryLeases, MemorySchedules
@@ -437,31 +437,12 @@ async def memory_node(bootstrap: str, folder: Path) -> None:
         ),
         metrics,
     )
-    retry = RetryPolicy(
-        max_attempts=config.max_attempts,
-        backoff=timedelta(seconds=config.retry_backoff),
-        backoff_max=timedelta(seconds=config.retry_backoff_max),
-    )
 
     async def tenants() -> list[str]:
         return [DEFAULT_TENANT]
 
-    poller = BucketPoller(
-        store,
-        leases,
-        publisher,
-        metrics,
-        node_id=config.node_id,
-        batch_size=config.batch_size,
-        poll_interval=config.poll_interval,
-        batch_linger=config.batch_linger,
-        rules=Rules(retry, timedelta(seconds=config.misfire_threshold)),
-        dead_letter_topic=config.dead_letter_topic,
-        history=history,
-        tenant_names=tenants if config.fair_tenants else None,
-        stranded_after=longest_round(
-            config.store_timeout, publisher.request_timeout + METADATA_DEADLINE
-        ),
+    poller = configured_poller(
+        config, store, leases, publisher, metrics, history=history, tenant_names=tenants
     )
     ownership = Ownership(
         config.node_id,
@@ -733,11 +714,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    return asyncio.run(run(QUICK if quick else FULL))
-
-
-__all__ = ["FULL", "QUICK", "Plan", "measure", "render", "run"]
+__all__ = ["FULL", "QUICK", "Plan", "render", "run"]
 
 if __name__ == "__main__":  # the memory store node's process (MemoryStoreNode)
     if sys.argv[1:2] != ["memory-node"] or len(sys.argv) != 4:

@@ -11,7 +11,6 @@ mode changes).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -148,8 +147,4 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    return asyncio.run(run(QUICK if quick else FULL))
-
-
-__all__ = ["measure", "render"]
+__all__ = ["FULL", "QUICK", "render", "run"]

@@ -13,7 +13,6 @@ Ratios within the run only.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +103,4 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    return asyncio.run(run(QUICK if quick else FULL))
-
-
-__all__ = ["FULL", "QUICK", "measure", "render", "run"]
+__all__ = ["FULL", "QUICK", "render", "run"]

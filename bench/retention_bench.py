@@ -118,8 +118,4 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    return asyncio.run(run(QUICK if quick else FULL))
-
-
-__all__ = ["FULL", "QUICK", "measure", "render", "run"]
+__all__ = ["FULL", "QUICK", "render", "run"]

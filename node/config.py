@@ -16,9 +16,11 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from typing import Any
 
 from node.schedule.model import is_topic
+from node.schedule.retry import RetryPolicy
 from ring import MAX_BUCKETS
 
 
@@ -604,6 +606,15 @@ class NodeConfig:
     @property
     def gossip_address(self) -> str:
         return f"{self.advertise_host}:{self.gossip_bind[1]}"
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of a schedule that names none."""
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            backoff=timedelta(seconds=self.retry_backoff),
+            backoff_max=timedelta(seconds=self.retry_backoff_max),
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,16 +35,14 @@ from node.delivery.clock import READ_EVERY, StoreClock
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
-from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
-from node.delivery.poller import BucketPoller, longest_round
-from node.delivery.publisher import METADATA_DEADLINE, KafkaPublisher
+from node.delivery.poller import configured_poller
+from node.delivery.publisher import KafkaPublisher
 from node.delivery.reachability import Reachability, Workers, advertised
 from node.delivery.stalls import StallMeter
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
-from node.schedule.retry import RetryPolicy
 from node.schedule.times import skew_wall_clock, utcnow
 from node.store.boundary import DURABLE
 from node.store.contract import AttemptHistory, BucketLeases, Schedules
@@ -108,15 +106,10 @@ class Node:
         )
         database = self.client[config.mongo_database]
         unfenced = config.chaos_mode == "unfenced"
-        retry = RetryPolicy(
-            max_attempts=config.max_attempts,
-            backoff=timedelta(seconds=config.retry_backoff),
-            backoff_max=timedelta(seconds=config.retry_backoff_max),
-        )
         self.limits = Limits(
             max_payload_bytes=config.max_payload_bytes,
             horizon=timedelta(seconds=config.horizon),
-            retry=retry,
+            retry=config.retry,
         )
         api_database = self.api_client[config.mongo_database]
         # The API's schedules (ApiContext.store), and the owner's (the poller's).
@@ -199,23 +192,15 @@ class Node:
             if config.history_retention > 0
             else None
         )
-        self.poller = BucketPoller(
+        self.poller = configured_poller(
+            config,
             self.delivery_store,
             self.leases,
             self.publisher,
             self.metrics,
-            node_id=config.node_id,
-            batch_size=config.batch_size,
-            poll_interval=config.poll_interval,
-            batch_linger=config.batch_linger,
-            rules=Rules(retry, timedelta(seconds=config.misfire_threshold)),
-            dead_letter_topic=config.dead_letter_topic,
             history=self.history_writer,
-            tenant_names=self._tenant_names if config.fair_tenants else None,
+            tenant_names=self._tenant_names,
             wall=self.clock.now,
-            stranded_after=longest_round(
-                config.store_timeout, self.publisher.request_timeout + METADATA_DEADLINE
-            ),
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(

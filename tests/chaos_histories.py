@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chaos import history as ops
+from chaos.checker import passed
 from chaos.checker.model import occurrences
 from chaos.history import Delivery, History, Op, Topic
 
@@ -117,3 +118,22 @@ def created(accepted: Mapping[str, float], **meta: Any) -> History:
 
 def topic(*deliveries: Delivery, kept: Iterable[str] | None = None) -> Topic:
     return Topic(tuple(deliveries), None if kept is None else frozenset(kept))
+
+
+def as_run(result: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A checker's result with the fields a run adds (a plain one unless
+    ``fields`` say otherwise), judged as a run judges it."""
+    run: dict[str, Any] = {
+        "scenario": "s",
+        "seed": 1,
+        "unfenced": False,
+        "refused": 0,
+        "chains": 0,
+        "network": "loopback",
+        "events": [],
+        "refusals": {},
+        "started": 995.0,
+    }
+    result.update(run | fields)
+    result.setdefault("passed", passed(result))
+    return result

@@ -17,7 +17,7 @@ from chaos.observe import STALL_LEAD, Recorder, broker_stalls, note_stalls
 from chaos.report import render_html
 from chaos.scenario import ScenarioError, available, load, parse
 from chaos.summary import render
-from tests.chaos_histories import Load, created, topic
+from tests.chaos_histories import Load, as_run, created, topic
 
 
 def scenario(**fields: Any) -> dict[str, Any]:
@@ -107,19 +107,7 @@ def test_an_unknown_scenario_name_lists_the_known_ones() -> None:
 def test_the_summary_prints_the_kinds_and_a_line_per_duplicate_up_to_twenty() -> None:
     units = [f"u{i:02}" for i in range(25)]
     deliveries = [Delivery(u, t, 1, 1000.1 + t, "9f2c", 0, t) for u in units for t in (1, 2)]
-    result = check(created({u: 1000.0 for u in units}), topic(*deliveries))
-    result.update(
-        scenario="s",
-        seed=1,
-        unfenced=False,
-        refused=0,
-        chains=0,
-        network="loopback",
-        events=[],
-        refusals={},
-        started=995.0,
-        passed=passed(result),
-    )
+    result = as_run(check(created({u: 1000.0 for u in units}), topic(*deliveries)))
     text = render(result)
     assert "duplicates 25 (owner_change 25, retried_publish 0, across_store_crash 0" in text
     lines = [line for line in text.splitlines() if ": owner_change: " in line]
@@ -140,13 +128,11 @@ def test_the_summary_counts_what_the_verbs_changed_and_what_broke() -> None:
         Delivery("r", 1, 1, 104.1, execute_at=104.0),
         Delivery("r", 1, 1, 102.0, execute_at=102.0),
     ]
-    result = check(load.history, topic(*deliveries))
-    result.update(
-        scenario="s", seed=1, unfenced=False, refused=0, chains=0, network="loopback",
-        events=[], refusals={}, started=995.0, passed=passed(result),
+    result = as_run(
+        check(load.history, topic(*deliveries)),
         verbs={"PATCH 200": 2, "pause 200": 2, "resume 200": 1},
         bulk_calls=[{"group": "g1", "at": 5.0, "cancelled": 1, "answers": [200]}],
-    )  # fmt: skip
+    )
     assert not result["passed"]
     text = render(result)
     assert "delivered while paused 1, rescheduled at the wrong time 1," in text
@@ -281,11 +267,7 @@ def test_an_offset_served_with_two_records_is_reported_and_fails_no_run() -> Non
     assert (result["offsets_reused"], result["offsets_reused_ids"]) == (1, ["0:8"])
     assert (result["delivered"], result["duplicates"]) == (4, 0)  # a's second read is one record
     assert passed(result)
-    result.update(
-        scenario="s", seed=1, unfenced=False, refused=0, chains=0, network="loopback",
-        events=[], refusals={}, started=95.0, passed=True,
-    )  # fmt: skip
-    text = render(result)
+    text = render(as_run(result, started=95.0))
     assert "the broker served 1 offsets with two different records (0:8)" in text
 
 

@@ -45,7 +45,7 @@ from chaos.scenario import (
 )
 from chaos.summary import render
 from membership.codec import FLAG_MAC, HEADER_BYTES, MAC_BYTES, VERSION, Codec, DecodeError
-from tests.chaos_histories import created, topic
+from tests.chaos_histories import as_run, created, topic
 from tests.test_chaos import scenario
 
 NEW = ("cut-store", "cut-broker", "skew-clock", "garbage-gossip")
@@ -533,18 +533,13 @@ def test_the_summary_names_auth_the_skew_and_each_flood() -> None:
         "suspected_by": ["node-3"],
         "passed": True,
     }
-    result.update(
+    as_run(
+        result,
         scenario="soak",
-        seed=1,
-        unfenced=False,
-        refused=0,
-        chains=0,
         network="network namespaces",
         auth=True,
         cluster_keys=True,
-        refusals={},
         started=90.0,
-        passed=passed(result),
         settings={"duration": 30.0},
         events=[
             {

@@ -36,6 +36,14 @@ def leases(time: VirtualTime) -> MemoryLeases:
     return MemoryLeases("", time.wall)
 
 
+@pytest.fixture
+async def a(time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases) -> Owner:
+    """Node "a", owner of bucket 0 (where every schedule here lands)."""
+    owner = Owner("a", time, schedules, leases)
+    await owner.take([0])
+    return owner
+
+
 async def add(
     schedules: MemorySchedules, time: VirtualTime, schedule_id: str, in_s: float, **fields: Any
 ) -> None:
@@ -208,10 +216,8 @@ async def test_in_flight_work_of_a_dead_owner_and_our_own_stranded_claims_are_re
 
 
 async def test_a_refused_record_is_retried_after_its_backoff_then_delivered(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     await add(schedules, time, "flaky", 0.0)
     a.publisher.refuse["flaky"] = 2
     await a.poller.run_once()
@@ -247,10 +253,8 @@ async def test_exhausted_retries_fail_the_schedule_and_dead_letter_it(
 
 
 async def test_a_recurring_schedule_is_delivered_at_every_occurrence(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     start = time.at(10.0)
     await add(
         schedules, time, "tick", 0.0, recurrence={"every": "PT10S", "start": start.isoformat()}
@@ -292,10 +296,8 @@ async def test_a_small_tenant_is_not_stuck_behind_a_big_ones_backlog(
 
 
 async def test_paused_and_cancelled_schedules_are_never_delivered(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     for schedule_id in ("kept", "paused", "cancelled"):
         await add(schedules, time, schedule_id, 2.0)
     await schedules.change("paused", lambda d: changes.pause(d, time.wall()), time.wall())
@@ -310,10 +312,8 @@ async def test_paused_and_cancelled_schedules_are_never_delivered(
 
 
 async def test_a_broker_outage_delays_delivery_and_spends_no_attempt(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     await add(schedules, time, "s1", 0.0)
     a.publisher.down = True
     await a.run(30.0)
@@ -328,10 +328,8 @@ async def test_a_broker_outage_delays_delivery_and_spends_no_attempt(
 
 
 async def test_a_publish_that_raises_puts_the_batch_back_to_go_again(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     await add(schedules, time, "s1", 0.0)
     a.publisher.raises = RuntimeError("producer gone")
     with pytest.raises(RuntimeError):
@@ -343,10 +341,8 @@ async def test_a_publish_that_raises_puts_the_batch_back_to_go_again(
 
 @pytest.mark.parametrize("applied", [False, True], ids=["refused", "answer-lost"])
 async def test_a_store_error_after_publishing_is_settled_next_round_without_a_repeat(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases, applied: bool
+    time: VirtualTime, schedules: MemorySchedules, applied: bool, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     for i in range(3):
         await add(schedules, time, f"s{i}", 0.0)
     schedules.fail("complete", applied=applied)
@@ -359,10 +355,8 @@ async def test_a_store_error_after_publishing_is_settled_next_round_without_a_re
 
 
 async def test_a_claim_whose_answer_was_lost_is_put_back_and_delivered_once(
-    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+    time: VirtualTime, schedules: MemorySchedules, a: Owner
 ) -> None:
-    a = Owner("a", time, schedules, leases)
-    await a.take([0])
     await add(schedules, time, "s1", 0.0)
     schedules.fail("claim", applied=True)
     with pytest.raises(StoreUnavailable):

@@ -45,13 +45,14 @@ from typing import Any
 
 import structlog
 
+from node.config import NodeConfig
 from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
 from node.delivery.fairness import by_due, fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
-from node.delivery.publisher import Failed, KafkaPublisher
+from node.delivery.publisher import METADATA_DEADLINE, Failed, KafkaPublisher
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from node.schedule.model import Status
@@ -779,3 +780,36 @@ def _about(claimed: Claimed) -> dict[str, Any]:
 
 
 __all__ = ["BucketPoller"]
+
+
+def configured_poller(
+    config: NodeConfig,
+    store: Schedules,
+    leases: LeaseManager,
+    publisher: KafkaPublisher,
+    metrics: NodeMetrics,
+    *,
+    history: HistoryWriter | None,
+    tenant_names: Callable[[], Awaitable[Sequence[str]]],
+    wall: Callable[[], datetime] = utcnow,
+) -> BucketPoller:
+    """The poller a node's settings make: the node process's, and the one the
+    delivery bench runs on the memory store."""
+    return BucketPoller(
+        store,
+        leases,
+        publisher,
+        metrics,
+        node_id=config.node_id,
+        batch_size=config.batch_size,
+        poll_interval=config.poll_interval,
+        batch_linger=config.batch_linger,
+        rules=Rules(config.retry, timedelta(seconds=config.misfire_threshold)),
+        dead_letter_topic=config.dead_letter_topic,
+        history=history,
+        tenant_names=tenant_names if config.fair_tenants else None,
+        wall=wall,
+        stranded_after=longest_round(
+            config.store_timeout, publisher.request_timeout + METADATA_DEADLINE
+        ),
+    )

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from node.errors import ScheduleConflict
 from node.schedule.changes import Change
-from node.schedule.model import NewSchedule, Status
+from node.schedule.model import NewSchedule, Status, public_id
 from node.schedule.times import aware
 from node.store.listing import Listing, Page, Selector
 
@@ -402,3 +403,11 @@ class AttemptHistory(Protocol):
     ) -> list[dict[str, Any]]:
         """A schedule's records, newest run first, at most ``limit``; those at
         or after ``since`` alone (the current life of the id)."""
+
+
+def kept_changing(schedule_id: str) -> ScheduleConflict:
+    """What ``change`` raises when every try lost to a concurrent write."""
+    return ScheduleConflict(
+        f"schedule {public_id(schedule_id)!r} kept changing under this request; try again",
+        retry_after=1,
+    )

@@ -32,7 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from node.errors import ScheduleConflict, StoreUnavailable
 from node.schedule.changes import Change, version_of
-from node.schedule.model import NewSchedule, Status, public_id
+from node.schedule.model import NewSchedule, Status
 from node.schedule.payload import LARGE, payload_size
 from node.schedule.times import aware
 from node.store import statements
@@ -48,6 +48,7 @@ from node.store.contract import (
     Claimed,
     Completion,
     Schedules,
+    kept_changing,
 )
 from node.store.documents import schedule_document
 from node.store.emulation import Document, apply, matches, project, sort, stored
@@ -285,10 +286,7 @@ class MemorySchedules(Faults):
                 condition, statements.change_update(change, now, self.retention)
             ):
                 return stored(self.documents.by_id[schedule_id]), change
-        raise ScheduleConflict(
-            f"schedule {public_id(schedule_id)!r} kept changing under this request; try again",
-            retry_after=1,
-        )
+        raise kept_changing(schedule_id)
 
     @_store_call
     async def cancel_matching(
@@ -360,16 +358,18 @@ class MemorySchedules(Faults):
 
     # -- the bucket owner's reads and writes ----------------------------------
 
+    def _oldest_due(self, query: dict[str, Any], limit: int, read_for: str) -> list[dict[str, Any]]:
+        """Up to ``limit`` of the schedules ``query`` matches, oldest due first,
+        without a large payload (counted as read ``read_for``)."""
+        docs = self.documents.find(
+            query, order=[("dueAt", 1)], limit=limit, projection=WITHOUT_LARGE_PAYLOAD
+        )
+        self.documents_read[read_for] += len(docs)
+        return docs
+
     @_store_call
     async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
-        docs = self.documents.find(
-            statements.due(bucket, until),
-            order=[("dueAt", 1)],
-            limit=limit,
-            projection=WITHOUT_LARGE_PAYLOAD,
-        )
-        self.documents_read["due"] += len(docs)
-        return docs
+        return self._oldest_due(statements.due(bucket, until), limit, "due")
 
     @_store_call
     async def oldest_due_of(
@@ -377,13 +377,7 @@ class MemorySchedules(Faults):
     ) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         for tenant in tenants[:MAX_TENANTS_PER_ROUND]:
-            docs = self.documents.find(
-                statements.pending_of(tenant, buckets),
-                order=[("dueAt", 1)],
-                limit=limit,
-                projection=WITHOUT_LARGE_PAYLOAD,
-            )
-            self.documents_read["fair"] += len(docs)
+            docs = self._oldest_due(statements.pending_of(tenant, buckets), limit, "fair")
             found += [d for d in docs if aware(d["dueAt"]) <= until]
         return found
 

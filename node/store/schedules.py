@@ -46,7 +46,7 @@ from node.errors import (
     ScheduleConflict,
 )
 from node.schedule.changes import Change, version_of
-from node.schedule.model import NewSchedule, Status, public_id
+from node.schedule.model import NewSchedule, Status
 from node.schedule.payload import LARGE, payload_size
 from node.schedule.times import aware
 from node.store import statements
@@ -59,6 +59,7 @@ from node.store.contract import (
     MAX_TENANTS_PER_ROUND,
     Claimed,
     Completion,
+    kept_changing,
 )
 from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
 from node.store.group_insert import GroupInserter
@@ -334,10 +335,7 @@ class ScheduleStore:
             )
             if after is not None:
                 return after, change
-        raise ScheduleConflict(
-            f"schedule {public_id(schedule_id)!r} kept changing under this request; try again",
-            retry_after=1,
-        )
+        raise kept_changing(schedule_id)
 
     @store_call
     async def cancel_matching(
