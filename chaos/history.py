@@ -128,6 +128,15 @@ class Call:
         return self.done.value if self.done is not None else {}
 
     @property
+    def unknown(self) -> bool:
+        """Whether nobody knows what the call did, and no view settled it yet:
+        no answer or a 5xx; for a resume, any answer but a 200 (a bulk cancel
+        may have taken the schedule while it was paused)."""
+        if "settled" in self.done_value:
+            return False
+        return self.type != OK if self.f == RESUME else self.type == INFO
+
+    @property
     def ended(self) -> float:
         """When the call ended (or was given up on): its completion's time."""
         return self.done.at if self.done is not None else self.invoke.at

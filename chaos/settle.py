@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -43,26 +44,23 @@ Views = Mapping[str, Mapping[str, Any]]
 
 
 def needs_views(history: History) -> set[str]:
-    """The schedules whose views settle something: every unsettled call's,
-    and the members of each bulk-cancelled group not cancelled otherwise."""
+    """The schedules whose views settle something: every unknown call's, and
+    the members of each bulk-cancelled group not cancelled otherwise."""
     unknown = {
         call.schedule
-        for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH)
-        if call.type == ops.INFO and "settled" not in call.done_value
+        for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH, ops.RESUME)
+        if call.unknown
     }
-    unknown |= {
-        call.schedule
-        for call in history.calls(ops.RESUME)
-        if call.type != ops.OK and "settled" not in call.done_value
-    }
-    return unknown | _bulk_members(history)
+    return unknown | set(_bulk_members(history))
 
 
-def _bulk_members(history: History) -> set[str]:
+def _bulk_members(history: History) -> dict[str, str]:
+    """Schedule -> its label group, for the groups a bulk cancel was sent to
+    (those a DELETE took aside)."""
     groups = {call["group"] for call in history.calls(ops.BULK_CANCEL)}
     cancelled = history.took(ops.CANCEL)
     return {
-        call.schedule
+        call.schedule: call["group"]
         for call in history.calls(ops.CREATE)
         if call.type == ops.OK and call.get("group") in groups and call.schedule not in cancelled
     }
@@ -113,8 +111,7 @@ def _patch_outcome(
 
 
 def _settled(done: Op, type_: str, view: Mapping[str, Any], extra: dict[str, Any]) -> Op:
-    value = {**done.value, "settled": view.get("status"), **extra}
-    return Op(done.index, done.process, type_, done.f, done.at, done.schedule, value)
+    return replace(done, type=type_, value={**done.value, "settled": view.get("status"), **extra})
 
 
 def _times_before(history: History) -> dict[int, float]:
@@ -135,32 +132,16 @@ def _times_before(history: History) -> dict[int, float]:
 
 def _bulk_takings(history: History, views: Views) -> dict[int, Op]:
     """Each group's last bulk-cancel answer, with the members it took."""
-    cancelled = history.took(ops.CANCEL)
-    last: dict[str, Call] = {}
-    for call in history.calls(ops.BULK_CANCEL):
-        last[call["group"]] = call
+    last = {call["group"]: call for call in history.calls(ops.BULK_CANCEL)}
     took: dict[str, list[str]] = {group: [] for group in last}
-    for call in history.calls(ops.CREATE):
-        group = call.get("group")
-        view = views.get(call.schedule)
-        if (
-            group in took
-            and call.type == ops.OK
-            and call.schedule not in cancelled
-            and view is not None
-            and view.get("status") == "CANCELLED"
-        ):
-            took[group].append(call.schedule)
-    replaced = {}
-    for group, call in last.items():
-        if call.done is None:
-            continue
-        done = call.done
-        value = {**done.value, "took": sorted(took[group])}
-        replaced[done.index] = Op(
-            done.index, done.process, done.type, done.f, done.at, done.schedule, value
-        )
-    return replaced
+    for schedule, group in _bulk_members(history).items():
+        if views.get(schedule, {}).get("status") == "CANCELLED":
+            took[group].append(schedule)
+    return {
+        call.done.index: replace(call.done, value={**call.done.value, "took": sorted(took[group])})
+        for group, call in last.items()
+        if call.done is not None
+    }
 
 
 async def read_views(
