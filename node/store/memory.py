@@ -33,7 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 from node.errors import ScheduleConflict, StoreUnavailable
 from node.schedule.changes import Change, version_of
 from node.schedule.model import NewSchedule, Status
-from node.schedule.payload import LARGE, payload_size
+from node.schedule.payload import payload_size
 from node.schedule.times import aware
 from node.store import statements
 from node.store.contract import (
@@ -383,11 +383,11 @@ class MemorySchedules(Faults):
 
     @_store_call
     async def large_payloads(self, claims: Sequence[Claimed]) -> dict[str, bytes]:
-        found: dict[str, bytes] = {}
-        for doc in self.documents.find(ids_and_buckets([c.doc for c in claims])) if claims else []:
-            if LARGE in doc:
-                found[str(doc["_id"])] = bytes(doc[LARGE])
-        return found
+        if not claims:
+            return {}
+        return statements.large_payloads_of(
+            self.documents.find(ids_and_buckets([c.doc for c in claims]))
+        )
 
     @_store_call
     async def claim(

@@ -47,7 +47,7 @@ from node.errors import (
 )
 from node.schedule.changes import Change, version_of
 from node.schedule.model import NewSchedule, Status
-from node.schedule.payload import LARGE, payload_size
+from node.schedule.payload import payload_size
 from node.schedule.times import aware
 from node.store import statements
 from node.store.boundary import DURABLE, store_call
@@ -552,11 +552,11 @@ class ScheduleStore:
         docs = [c.doc for c in claims]
         found: dict[str, bytes] = {}
         for chunk in _chunks(docs):
-            for doc in await self.schedules.find(
-                ids_and_buckets(chunk), {LARGE: 1}, batch_size=len(chunk)
-            ).to_list():
-                if LARGE in doc:
-                    found[str(doc["_id"])] = bytes(doc[LARGE])
+            found |= statements.large_payloads_of(
+                await self.schedules.find(
+                    ids_and_buckets(chunk), statements.ONLY_LARGE_PAYLOAD, batch_size=len(chunk)
+                ).to_list()
+            )
         return found
 
     @store_call

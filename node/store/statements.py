@@ -13,7 +13,7 @@ Pure: no IO and no driver call, no clock (``now`` is passed in).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +32,12 @@ LIVE = sorted(s.value for s in CHANGEABLE)
 # payloads behind, listings every payload unless asked.
 WITHOUT_LARGE_PAYLOAD = {LARGE: 0}
 WITHOUT_PAYLOADS = {LARGE: 0, INLINE: 0}
+ONLY_LARGE_PAYLOAD = {LARGE: 1}
+
+
+def large_payloads_of(docs: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
+    """Schedule id -> its large payload, of the documents that hold one."""
+    return {str(doc["_id"]): bytes(doc[LARGE]) for doc in docs if LARGE in doc}
 
 
 # -- which schedules -----------------------------------------------------------
