@@ -119,6 +119,19 @@ class Sampler:
         self.samples: list[dict[str, Any]] = []
         # Running nodes whose last sampled readiness failed its store check.
         self.store_unready: set[str] = set()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, started: float) -> None:
+        """Sample from now, each sample's time in seconds from ``started``."""
+        self.started = started
+        self._task = asyncio.create_task(self.run(self._stop))
+
+    async def stop(self) -> None:
+        """Stop after the sample under way, if any."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
 
     def serving(self, running: list[str]) -> list[str]:
         """The running nodes a load balancer would send a call to: those whose

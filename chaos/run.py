@@ -148,8 +148,7 @@ class Run:
             await asyncio.sleep(LATE_COPIES)  # late duplicates, if any, arrive too
             # What no node could show before is asked again.
             views = {**(await self._views(needs_views(self.history) - set(views))), **views}
-            self._sampling.set()
-            await self._sampler
+            await sampler.stop()
             return await self._judge(settle(self.history, views), recorder, sampler, load)
         finally:
             if settler is not None:
@@ -186,9 +185,8 @@ class Run:
             # from its create on.
             recorder = Recorder(self.cluster.kafka_bootstrap, self.topic, load.recurring)
             await recorder.start()
-            self.history.started = sampler.started = time.time()
-            self._sampling = asyncio.Event()
-            self._sampler = asyncio.create_task(sampler.run(self._sampling))
+            self.history.started = time.time()
+            sampler.start(self.history.started)
             await asyncio.gather(load.run(), self.player.play_all(self.steps))
         await self.player.aftermath()
         return load, recorder, sampler
