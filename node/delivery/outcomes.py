@@ -42,7 +42,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 
+from node.delivery.sinks.contract import Failed, Trouble
 from node.schedule.changes import is_expired
 from node.schedule.model import Status
 from node.schedule.recurrence import Recurrence
@@ -153,3 +155,59 @@ class Rules:
 
 def _recurrence(claimed: Claimed) -> Recurrence:
     return Recurrence.from_document(claimed.doc["recurrence"])
+
+
+# -- what an HTTP answer means ---------------------------------------------------
+
+# Answers that say "not now": the same request may succeed later. The rest
+# of 4xx say the request itself is wrong, and it ends at once.
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Answers whose Retry-After is an outage to wait out (no attempt spent).
+WAIT_STATUSES = frozenset({429, 503})
+# The shortest wait a Retry-After is taken for: "0" must not make a loop.
+MIN_WAIT = 1.0
+# How much of a response's body lastError and the history keep.
+EXCERPT_CHARS = 200
+
+
+def http_result(
+    status: int, retry_after: str | None, body: bytes, now: datetime, max_wait: float
+) -> Failed | None:
+    """What an HTTP answer makes of a delivery: None (2xx, delivered), a
+    wait without spending an attempt (429 or 503 with a Retry-After, capped
+    at ``max_wait``), a retry (408, 425, 429, 5xx), or the end (any other
+    status: the request itself is wrong; a 3xx too: redirects are not
+    followed, so the URL must name the final endpoint)."""
+    if 200 <= status < 300:
+        return None
+    error = f"HTTP {status}: {excerpt(body)}".rstrip(": ")
+    if status in WAIT_STATUSES and retry_after is not None:
+        wait = retry_after_seconds(retry_after, now)
+        if wait is not None:
+            return Failed(error, Trouble.DESTINATION, min(max(wait, MIN_WAIT), max_wait))
+    if status in RETRY_STATUSES or status >= 500:
+        return Failed(error, Trouble.RETRY)
+    if 300 <= status < 400:
+        return Failed(f"{error} (redirects are not followed)", Trouble.REFUSED)
+    return Failed(error, Trouble.REFUSED)
+
+
+def retry_after_seconds(value: str, now: datetime) -> float | None:
+    """A Retry-After header (RFC 9110: delay-seconds or an HTTP-date) as
+    seconds from ``now``; None when it is neither."""
+    text = value.strip()
+    if text.isdigit():
+        return float(int(text[:9]))
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - now).total_seconds())
+
+
+def excerpt(body: bytes) -> str:
+    """A response body as one bounded line of text."""
+    text = body[: EXCERPT_CHARS * 4].decode("utf-8", "replace")
+    return " ".join(text.split())[:EXCERPT_CHARS]

@@ -1,0 +1,3 @@
+"""Where deliveries go: one small interface (``contract.Sink``), two
+adapters (``kafka.py``, ``http.py``) and the router that sends a round's
+records and calls to them at once (``router.py``)."""
