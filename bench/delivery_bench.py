@@ -65,7 +65,7 @@ from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import READ_AHEAD, configured_poller
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT
 from node.schedule.retry import DEFAULT_POLICY

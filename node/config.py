@@ -19,8 +19,10 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from node.schedule.model import is_topic
+from node.schedule.egress import EgressPolicy
+from node.schedule.model import NO_RANGES_ALLOWED, is_topic
 from node.schedule.retry import RetryPolicy
+from node.schedule.webhook import secret_key
 from ring import MAX_BUCKETS
 
 
@@ -116,6 +118,22 @@ def _parse_bootstrap(text: str) -> tuple[str, ...]:
 def _parse_optional_topic(text: str) -> str:
     if text and not is_topic(text):
         raise ValueError(f"must be a Kafka topic name or empty, got {text!r}")
+    return text
+
+
+def _parse_optional_url(text: str) -> str:
+    if text and not text.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http or https URL or empty, got {text!r}")
+    return text
+
+
+def _parse_egress(text: str) -> EgressPolicy:
+    return EgressPolicy.parse(text)
+
+
+def _parse_optional_secret(text: str) -> str:
+    if text:
+        secret_key(text)  # raises ValueError naming what is wrong
     return text
 
 
@@ -520,6 +538,87 @@ SETTINGS: tuple[Setting, ...] = (
         help="topic that receives schedules past the retry limit (off when empty)",
     ),
     Setting(
+        attr="dead_letter_url",
+        env="DEAD_LETTER_URL",
+        flag="--dead-letter-url",
+        default="",
+        parse=_parse_optional_url,
+        help="http(s) URL that receives (POST, signed) schedules past the retry limit instead "
+        "of a dead-letter topic (off when empty); the operator's own, so the egress policy "
+        "does not apply to it",
+    ),
+    Setting(
+        attr="http_targets_allow",
+        env="HTTP_TARGETS_ALLOW",
+        flag="--http-targets-allow",
+        default="",
+        parse=_parse_egress,
+        help="CIDRs an http target may reach besides public addresses, comma separated "
+        "(loopback, private, link-local and the like are refused unless named here; "
+        "the dev stack: 127.0.0.0/8)",
+    ),
+    Setting(
+        attr="http_signing_secret",
+        env="HTTP_SIGNING_SECRET",
+        flag="--http-signing-secret",
+        default="",
+        parse=_parse_optional_secret,
+        help="whsec_ secret that signs the HTTP deliveries of tenants without their own "
+        "(python -m node tenants rotate-secret); without either an HTTP delivery fails",
+    ),
+    Setting(
+        attr="http_ca_bundle",
+        env="HTTP_CA_BUNDLE",
+        flag="--http-ca-bundle",
+        default="",
+        parse=str,
+        help="PEM file of the CAs https targets are verified against (default: the system's)",
+    ),
+    Setting(
+        attr="http_max_per_host",
+        env="HTTP_MAX_PER_HOST",
+        flag="--http-max-per-host",
+        default="16",
+        parse=_parse_int(1, 1024),
+        help="HTTP deliveries in flight at once to one host, per node",
+    ),
+    Setting(
+        attr="http_breaker_failures",
+        env="HTTP_BREAKER_FAILURES",
+        flag="--http-breaker-failures",
+        default="5",
+        parse=_parse_int(1, 1000),
+        help="consecutive failures of one host that open its circuit: its deliveries then "
+        "wait, spending no attempt, while one probe a cooldown finds out whether it is back",
+    ),
+    Setting(
+        attr="http_breaker_cooldown",
+        env="HTTP_BREAKER_COOLDOWN",
+        flag="--http-breaker-cooldown",
+        default="5",
+        parse=_parse_seconds(0.1, 3600),
+        help="seconds an open circuit waits before its probe; doubled after each failed "
+        "probe, up to 60 s",
+    ),
+    Setting(
+        attr="http_retry_after_max",
+        env="HTTP_RETRY_AFTER_MAX",
+        flag="--http-retry-after-max",
+        default="300",
+        parse=_parse_seconds(1, 86400),
+        help="longest Retry-After (of a 429 or 503) a delivery waits; longer ones are cut to this",
+    ),
+    Setting(
+        attr="http_outage_bound",
+        env="HTTP_OUTAGE_BOUND",
+        flag="--http-outage-bound",
+        default="86400",
+        parse=_parse_seconds(0, 30 * 86400),
+        help="how late an HTTP delivery may get waiting out its destination (Retry-After, an "
+        "open circuit) without spending attempts; past it each wait spends one, so an "
+        "endpoint down for days ends its schedules (expireAfter ends them sooner)",
+    ),
+    Setting(
         attr="log_format",
         env="LOG_FORMAT",
         flag="--log-format",
@@ -594,6 +693,15 @@ class NodeConfig:
     history_retention: float = 7 * 86400.0
     history_per_schedule: int = 100
     dead_letter_topic: str
+    dead_letter_url: str = ""
+    http_targets_allow: EgressPolicy = NO_RANGES_ALLOWED
+    http_signing_secret: str = field(default="", repr=False)  # secret: never logged
+    http_ca_bundle: str = ""
+    http_max_per_host: int = 16
+    http_breaker_failures: int = 5
+    http_breaker_cooldown: float = 5.0
+    http_retry_after_max: float = 300.0
+    http_outage_bound: float = 86400.0
     log_format: str
     log_level: str
     chaos_mode: str = "off"
@@ -701,6 +809,8 @@ def _check_together(values: Mapping[str, Any]) -> None:
     """Settings valid one by one that are not together."""
     if values["retry_backoff_max"] < values["retry_backoff"]:
         raise ConfigError("RETRY_BACKOFF_MAX: must not be below RETRY_BACKOFF")
+    if values["dead_letter_topic"] and values["dead_letter_url"]:
+        raise ConfigError("DEAD_LETTER_URL: set it or DEAD_LETTER_TOPIC, not both")
     if values["chaos_clock_skew"] and values["chaos_mode"] == "off":
         raise ConfigError("CHAOS_CLOCK_SKEW: a chaos testing setting; needs CHAOS_MODE on")
 

@@ -37,8 +37,8 @@ from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.ownership import Ownership
 from node.delivery.poller import configured_poller
-from node.delivery.publisher import KafkaPublisher
 from node.delivery.reachability import Reachability, Workers, advertised
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.delivery.stalls import StallMeter
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
@@ -110,6 +110,7 @@ class Node:
             max_payload_bytes=config.max_payload_bytes,
             horizon=timedelta(seconds=config.horizon),
             retry=config.retry,
+            egress=config.http_targets_allow,
         )
         api_database = self.api_client[config.mongo_database]
         # The API's schedules (ApiContext.store), and the owner's (the poller's).

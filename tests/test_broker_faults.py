@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from node.delivery.publisher import Failed, KafkaPublisher
+from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.process import Node
 from node.schedule.record import Record
@@ -146,7 +147,9 @@ class RefusingDeadLetters(FailingPublisher):
     async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
         if records and records[0].topic == self.dead and self.refusals > 0:
             self.refusals -= 1
-            return [Failed("TopicAuthorizationFailedError: injected", False) for _ in records]
+            return [
+                Failed("TopicAuthorizationFailedError: injected", Trouble.RETRY) for _ in records
+            ]
         return await super().publish(records)
 
 
@@ -269,12 +272,8 @@ async def test_a_failed_batch_asks_the_broker_about_each_topic_once() -> None:
     results = await publisher.publish(records)
     assert sorted(asked) == ["gone", "kept"]
     assert all(r is not None for r in results)
-    assert {r.broker for r, rec in zip(results, records, strict=True) if rec.topic == "kept"} == {
-        True
-    }
-    assert {r.broker for r, rec in zip(results, records, strict=True) if rec.topic == "gone"} == {
-        False
-    }
+    troubles = {rec.topic: r.trouble for r, rec in zip(results, records, strict=True) if r}
+    assert troubles == {"kept": Trouble.DESTINATION, "gone": Trouble.RETRY}
 
 
 async def test_readyz_costs_the_store_and_the_broker_nothing(start_node: NodeFactory) -> None:

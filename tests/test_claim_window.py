@@ -12,7 +12,7 @@ import pytest
 
 from node.delivery.claim_window import FIRST, ClaimWindow
 from node.delivery.leases import LeaseManager
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.store.contract import Claimed
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore

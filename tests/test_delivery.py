@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from node.delivery.publisher import Failed, KafkaPublisher
+from node.delivery.sinks.kafka import Failed, KafkaPublisher
 from node.ops import embedded
 from node.process import Node
 from node.schedule.record import Record

@@ -13,7 +13,7 @@ from typing import Any
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.poller import BucketPoller
-from node.delivery.publisher import KafkaPublisher
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.metrics import NodeMetrics
 from node.schedule.model import Limits
 from node.schedule.parse import parse_new_schedule

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from node.delivery.publisher import Failed, KafkaPublisher
+from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.schedule.record import Record
 from ring import bucket_for
@@ -181,7 +182,9 @@ class BrokerCut:
         if not self.cut:
             return await self.publish(records)
         self.publishes_while_cut += 1
-        return [Failed("KafkaConnectionError: no route to the broker", broker=True)] * len(records)
+        return [Failed("KafkaConnectionError: no route to the broker", Trouble.DESTINATION)] * len(
+            records
+        )
 
     def install(self) -> None:
         self.publisher.reachable = self.fake_reachable  # type: ignore[method-assign]

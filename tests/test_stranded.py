@@ -19,7 +19,7 @@ import pytest
 
 from node.delivery.leases import LeaseManager
 from node.delivery.poller import BucketPoller
-from node.delivery.publisher import Failed, KafkaPublisher
+from node.delivery.sinks.kafka import Failed, KafkaPublisher
 from node.errors import StoreUnavailable
 from node.schedule.record import Record
 from node.store.contract import Claimed

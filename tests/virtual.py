@@ -16,7 +16,7 @@ from typing import Any
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.poller import BucketPoller
-from node.delivery.publisher import Failed
+from node.delivery.sinks.contract import Failed, Trouble
 from node.metrics import NodeMetrics
 from node.schedule.model import Limits, NewSchedule
 from node.schedule.parse import parse_new_schedule
@@ -81,10 +81,12 @@ class RecordingPublisher:
         for record in records:
             schedule_id = header(record, "schedule-id")
             if self.down:
-                results.append(Failed("KafkaConnectionError: broker unreachable", broker=True))
+                results.append(
+                    Failed("KafkaConnectionError: broker unreachable", Trouble.DESTINATION)
+                )
             elif self.refuse.get(schedule_id, 0) > 0:
                 self.refuse[schedule_id] -= 1
-                results.append(Failed("MessageSizeTooLargeError", broker=False))
+                results.append(Failed("MessageSizeTooLargeError", Trouble.RETRY))
             else:
                 self.records.append(record)
                 self.published_at.append(self.time.wall())

@@ -44,6 +44,7 @@ from node.schedule.model import (
     label_pairs,
     public_id,
     storage_id,
+    tenant_of,
 )
 from node.schedule.parse import (
     check_label,
@@ -102,7 +103,8 @@ def _accepted(context: ApiContext, doc: dict[str, Any]) -> None:
         schedule_id=doc["_id"],
         bucket=doc["bucket"],
         token=doc.get("token", 0),
-        topic=doc["topic"],
+        topic=doc.get("topic"),
+        host=(doc.get("http") or {}).get("host"),
     )
 
 
@@ -343,6 +345,12 @@ async def change_schedule(request: web.Request) -> web.Response:
     data = await read_json(request, body_limit(context.config.max_payload_bytes))
     now = context.now()
     request_patch = parse_patch(data, context.limits, now)
+    if request_patch.topic is not None or request_patch.http is not None:
+        tenant = tenant_of(_schedule_id(request))
+        url = request_patch.http.url if request_patch.http is not None else None
+        refusal = await context.admission.new_destination(tenant, request_patch.topic, url)
+        if refusal is not None:
+            raise refusal
     return await _change(
         request, "changed", lambda doc, at: changes.patch(doc, request_patch, at), now
     )
@@ -442,6 +450,8 @@ _LIST_PARAMETERS = frozenset(
         "after",
         "label",
         "topic",
+        "destination",
+        "host",
         "key",
         "dueAfter",
         "dueBefore",
@@ -522,6 +532,8 @@ def _listing(query: Any, tenant: str | None, limit: int, status: str | None) -> 
         status=status,
         labels=_label_filter(query.getall("label", [])),
         topic=validate_topic(query["topic"]) if "topic" in query else None,
+        host=_host_filter(query["host"]) if "host" in query else None,
+        destination=_destination_filter(query.get("destination")),
         key=_key_filter(query["key"]) if "key" in query else None,
         due_after=parse_time(query["dueAfter"], "dueAfter") if "dueAfter" in query else None,
         due_before=parse_time(query["dueBefore"], "dueBefore") if "dueBefore" in query else None,
@@ -543,6 +555,19 @@ def _label_filter(values: list[str]) -> tuple[str, ...]:
         check_label(name, label_value, "label")
         pairs[name] = label_value
     return tuple(label_pairs(pairs))
+
+
+def _host_filter(host: str) -> str:
+    """An http target's host, as stored (lower case, xn-- for IDN)."""
+    if not host or len(host) > 253 or not host.isascii() or any(c in host for c in "/@ \x00"):
+        raise ValidationFailed("host must be a host name or address, as in the URL", "host")
+    return host.lower().strip("[]")
+
+
+def _destination_filter(value: str | None) -> str | None:
+    if value is not None and value not in ("kafka", "http"):
+        raise ValidationFailed("destination must be kafka or http", "destination")
+    return value
 
 
 def _key_filter(key: object) -> str:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from node.schedule.changes import version_of
+from node.schedule.destination import http_view
 from node.schedule.model import Status, labels_of, public_id
 from node.schedule.payload import SIZE, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
@@ -37,13 +38,20 @@ def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _destination_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """The one destination: ``topic``, or ``http``."""
+    if doc.get("http"):
+        return {"http": http_view(doc["http"])}
+    return {"topic": doc["topic"]}
+
+
 def public_view(doc: dict[str, Any], *, with_payload: bool = True) -> dict[str, Any]:
     """The schedule as the API shows it; without its payload when the read
     left the payload out (a listing's basic view)."""
     view: dict[str, Any] = {
         "id": public_id(doc["_id"]),
         "tenant": doc["tenant"],
-        "topic": doc["topic"],
+        **_destination_view(doc),
         "executeAt": format_time(doc["executeAt"]),
         "bucket": doc["bucket"],
         "status": doc["status"],

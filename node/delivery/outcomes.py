@@ -27,10 +27,24 @@ time.
 | published, or failed for good     |                     | any; then the chain goes on, due   |
 |                                   |                     | at its own next occurrence         |
 
-A publish the broker could not take (unreachable, timed out, no leader, not
-enough replicas) is not a failure of the schedule and spends no attempt: the
-poller puts it back as it was (``node/delivery/poller.py``). Only a
-record's own fault (too large, a topic the broker refuses) counts here.
+Whose trouble a failure was (``sinks/contract.Trouble``) decides the rest:
+
+* the destination's outage (the broker unreachable, timed out, no leader,
+  not enough replicas) spends no attempt: the claim is put back as it was;
+  an HTTP endpoint that asks to wait (429 or 503 with Retry-After, or a
+  circuit open on its host) is due again when it said, its attempt given
+  back (DEFERRED), while the occurrence is less than ``outage_bound`` late;
+  past that each wait spends an attempt like a retry, so an endpoint down
+  for days ends its schedules;
+* a retry (a record too large, a topic refused, an HTTP 408/425/429/5xx, a
+  refused connection, a timeout) spends one, as in the table;
+* refused for good (any other 4xx, an address the egress policy refuses,
+  no signing secret) ends the occurrence at once, whatever attempts are
+  left, dead-lettered like an exhausted one.
+
+A claimed batch is decided in two calls: ``plan`` before publishing (what
+ends unpublished: expired, skipped) and ``decide`` after (each result to a
+completion, or to a put-back).
 
 Attempts are counted per occurrence; the policy is the schedule's own
 ``retry`` or else the node's (``MAX_ATTEMPTS``, ``RETRY_BACKOFF``,
@@ -40,6 +54,7 @@ Attempts are counted per occurrence; the policy is the schedule's own
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -67,6 +82,68 @@ class Rules:
     # as missed and its misfire policy applies (MISFIRE_THRESHOLD).
     misfire_threshold: timedelta
     rng: random.Random = field(default_factory=random.Random, compare=False)
+    # How late an HTTP delivery may get waiting on its destination without
+    # spending attempts (HTTP_OUTAGE_BOUND).
+    outage_bound: timedelta = timedelta(days=1)
+
+    def plan(self, claimed: Sequence[Claimed], now: datetime) -> Plan:
+        """Before publishing: what ends here unpublished (past its deadline,
+        a missed occurrence to skip) and what is published."""
+        publish: list[Claimed] = []
+        ended: list[Completion] = []
+        for claim in claimed:
+            if self.should_expire(claim, now):
+                ended.append(self.expired(claim, now))
+            elif self.should_skip(claim, now):
+                ended.append(self.skipped(claim, now))
+            else:
+                publish.append(claim)
+        return Plan(publish, ended)
+
+    def trouble(self, claimed: Claimed, failure: Failed, now: datetime) -> Trouble:
+        """Whose trouble a failure counts as: a destination's wait past the
+        outage bound is a retry (it spends an attempt)."""
+        waiting = failure.trouble == Trouble.DESTINATION and failure.wait is not None
+        if waiting and now - claimed.execute_at > self.outage_bound:
+            return Trouble.RETRY
+        return failure.trouble
+
+    def ends(self, claimed: Claimed, failure: Failed, now: datetime) -> bool:
+        """Whether this failure ends the occurrence (its dead letter is sent
+        before ``decide``)."""
+        trouble = self.trouble(claimed, failure, now)
+        return trouble == Trouble.REFUSED or (trouble == Trouble.RETRY and self.exhausted(claimed))
+
+    def decide(
+        self,
+        published: Sequence[Claimed],
+        results: Sequence[Failed | None],
+        now: datetime,
+        dead_letters_unsent: Collection[str] = (),
+    ) -> Decided:
+        """After publishing: each result to a completion, or to a put-back
+        (the broker's outage). ``dead_letters_unsent``: ids whose dead letter
+        did not go out (they keep retrying rather than end without one)."""
+        decided = Decided([], [], [], [])
+        for claim, failure in zip(published, results, strict=True):
+            if failure is None:
+                decided.done.append(self.delivered(claim, now))
+                continue
+            trouble = self.trouble(claim, failure, now)
+            if trouble == Trouble.DESTINATION and failure.wait is None:
+                decided.put_back.append(claim)
+            elif trouble == Trouble.DESTINATION:
+                due_at = now + timedelta(seconds=failure.wait or 0.0)
+                decided.deferred.append(
+                    Completion(claim, Outcome.DEFERRED, Status.PENDING, now, failure.error, due_at)
+                )
+            else:
+                unsent = claim.id in dead_letters_unsent
+                final = trouble == Trouble.REFUSED
+                decided.failed.append(
+                    self.failed(claim, failure.error, now, dead_letter_failed=unsent, final=final)
+                )
+        return decided
 
     def should_skip(self, claimed: Claimed, now: datetime) -> bool:
         """An occurrence too late to publish under the ``skip`` misfire policy
@@ -105,13 +182,20 @@ class Rules:
         return self._next_occurrence(claimed, Outcome.SKIPPED, now)
 
     def failed(
-        self, claimed: Claimed, error: str, now: datetime, *, dead_letter_failed: bool = False
+        self,
+        claimed: Claimed,
+        error: str,
+        now: datetime,
+        *,
+        dead_letter_failed: bool = False,
+        final: bool = False,
     ) -> Completion:
         """A failed publish: retried after a backoff, or final past the limit
-        (unless its dead-letter record could not be published either: it
-        then keeps retrying, so it never ends without a record)."""
+        or when ``final`` (refused for good), unless its dead-letter record
+        could not be published either: it then keeps retrying, so it never
+        ends without a record."""
         policy = policy_of(claimed.doc, self.retry)
-        if not policy.exhausted(claimed.attempt) or dead_letter_failed:
+        if (not final and not policy.exhausted(claimed.attempt)) or dead_letter_failed:
             due_at = now + policy.delay(claimed.attempt, self.rng)
             return Completion(
                 claimed, Outcome.RETRYING, Status.PENDING, now, error=error, due_at=due_at
@@ -151,6 +235,24 @@ class Rules:
             skipped=advance.skipped,
         )
         return Completion(claimed, outcome, status, now, error=error, occurrence=occurrence)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A claimed batch before publishing."""
+
+    publish: list[Claimed]
+    ended: list[Completion]  # EXPIRED, or a skipped occurrence: never published
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What a published batch's schedules become, decided before any is written."""
+
+    done: list[Completion]  # delivered
+    failed: list[Completion]  # an attempt spent: retried, or ended failed
+    deferred: list[Completion]  # the destination asked to wait: no attempt spent
+    put_back: list[Claimed]  # the broker's outage: PENDING as it was
 
 
 def _recurrence(claimed: Claimed) -> Recurrence:

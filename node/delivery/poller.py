@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,14 +51,18 @@ from node.delivery.due_book import DueBook, Read
 from node.delivery.fairness import by_due, fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
-from node.delivery.outcomes import Rules
-from node.delivery.publisher import METADATA_DEADLINE, Failed, KafkaPublisher
+from node.delivery.outcomes import Decided, Rules
+from node.delivery.sinks.contract import Failed, Sink, Trouble
+from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
+from node.delivery.sinks.router import Router, dead_letter_item
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
+from node.schedule.destination import MAX_TIMEOUT, http_host, is_http
 from node.schedule.model import Status
 from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
+from node.schedule.webhook import HttpCall, build_call
 from node.store.contract import (
     MAX_TENANTS_PER_ROUND,
     Attempt,
@@ -96,6 +100,9 @@ def longest_round(store_timeout: float, publish_timeout: float) -> float:
 # the first to the last (seconds).
 BROKER_BACKOFF = 0.5
 BROKER_BACKOFF_MAX = 10.0
+# At stop, how long the HTTP calls in flight may take to answer before
+# they are left IN_FLIGHT for the bucket's next owner to recover (seconds).
+CALLS_GRACE = 5.0
 # Payload bytes published at once: a batch of large payloads goes in parts
 # of this size, each fetched just before it is published.
 PUBLISH_PART_BYTES = 8 * 1024 * 1024
@@ -120,6 +127,9 @@ class BucketPoller:
         wall: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
         stranded_after: float = STRANDED_AFTER,
+        http: Sink[HttpCall] | None = None,
+        http_per_host: int = 16,
+        dead_letter_url: str = "",
     ) -> None:
         self.store = store
         # Longer than any round can hold a claim (node/process.py derives it
@@ -134,6 +144,19 @@ class BucketPoller:
         self.batch_linger = batch_linger
         self.rules = rules
         self.dead_letter_topic = dead_letter_topic
+        self.dead_letter_url = dead_letter_url
+        self.http = http
+        self.http_per_host = http_per_host
+        self._router = Router(publisher, http)
+        # HTTP calls started and not yet written, by id; the answers in since
+        # the last round; the tasks still waiting for one.
+        self._calls: dict[str, Claimed] = {}
+        self._answers: list[tuple[Claimed, Failed | None]] = []
+        self._call_tasks: set[asyncio.Task[None]] = set()
+        self._calls_changed = asyncio.Event()
+        # Whether the last batch left due work unclaimed (a host at its
+        # bound, the broker down): the round then sleeps until woken.
+        self._held_back = False
         self.history = history
         # The tenants whose due work a backlog could hide (None: no fairness,
         # plain oldest first, kept to measure what fairness buys).
@@ -193,6 +216,13 @@ class BucketPoller:
         """
         if buckets is None or self._busy & buckets:
             await self._idle.wait()
+        while self._calls and (
+            buckets is None or {c.bucket for c in self._calls.values()} & buckets
+        ):
+            # HTTP calls still out in these buckets: each is written by a
+            # round after it answers (or given up at stop).
+            self._calls_changed.clear()
+            await self._calls_changed.wait()
 
     # -- the loop -------------------------------------------------------------
 
@@ -222,6 +252,7 @@ class BucketPoller:
                 delay -= linger
             if delay > 0 and not self._stopping:
                 await self._sleep(delay)
+        await self._finish_calls(CALLS_GRACE)
 
     async def _sleep(self, delay: float) -> None:
         self._wake_at = self.wall() + timedelta(seconds=delay)
@@ -252,24 +283,31 @@ class BucketPoller:
         if not tokens:
             return self.poll_interval
         if self._unsettled or self._unclaimed:
-            await self._settle()
+            await self._settle_left()
+        if self._answers:
+            await self._settle_calls()
         await self._recover(tokens, gained)
-        if not await self._broker_ready():
-            # Nothing is read or claimed while the broker is down: what is due
-            # stays PENDING, and no attempt is spent on an outage.
-            assert self._broker_retry_at is not None
-            return max(0.0, self._broker_retry_at - self.monotonic())
+        # While the broker is down no record is claimed (what is due stays
+        # PENDING, no attempt spent on an outage); HTTP calls still go.
+        broker_up = await self._broker_ready()
+        if not broker_up and self.http is None:
+            return self._broker_wait()
         now, monotonic = self.wall(), self.monotonic()
         started = time.perf_counter()
         await self._read(self.book.reads(now, monotonic, self.poll_interval))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
-        batch = await self._choose(now, self.window.size)
+        batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
         if batch:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
             return 0.0
-        return self._idle_for(now, monotonic)
+        idle = self._idle_for(now, monotonic, held_back=self._held_back)
+        return idle if broker_up else min(idle, self._broker_wait())
+
+    def _broker_wait(self) -> float:
+        assert self._broker_retry_at is not None
+        return max(0.0, self._broker_retry_at - self.monotonic())
 
     async def _read(self, reads: list[Read]) -> None:
         """Read the buckets the book asks for, a few at a time."""
@@ -284,7 +322,9 @@ class BucketPoller:
 
         await asyncio.gather(*(one(read) for read in reads))
 
-    async def _choose(self, now: datetime, size: int) -> list[dict[str, Any]]:
+    async def _choose(
+        self, now: datetime, size: int, *, kafka: bool = True
+    ) -> list[dict[str, Any]]:
         """This round's batch, at most ``size``: the due work in the book,
         shared fairly among tenants (earliest first within each). When a full view holds only
         due work, other tenants' work may wait behind it in that bucket: the
@@ -297,7 +337,8 @@ class BucketPoller:
             # of every bucket, or a later schedule would pass an earlier one
             # still unread behind a full view.
             frontier = self.book.frontier()
-            return [d for d in pool if frontier is None or by_due(d) <= frontier][:size]
+            pool = [d for d in pool if frontier is None or by_due(d) <= frontier]
+            return self._takeable(pool, kafka)[:size]
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
@@ -310,14 +351,15 @@ class BucketPoller:
                 seen = {d["_id"] for d in pool}
                 extra = await self.store.oldest_due_of(others, now, hiding, size)
                 pool += [d for d in extra if d["_id"] not in seen]
-        return fair_share(pool, size)
+        return fair_share(self._takeable(pool, kafka), size)
 
-    def _idle_for(self, now: datetime, monotonic: float) -> float:
-        """Nothing due: sleep until the book's next due time or next read,
-        at most a poll interval."""
+    def _idle_for(self, now: datetime, monotonic: float, *, held_back: bool = False) -> float:
+        """Nothing to claim: sleep until the book's next due time or next
+        read, at most a poll interval. Due work held back (a host at its
+        bound) is not a due time to wake for: an answer wakes the loop."""
         delay = self.poll_interval
         next_due = self.book.next_due()
-        if next_due is not None:
+        if next_due is not None and not held_back:
             delay = min(delay, (next_due - now).total_seconds())
         next_read = self.book.next_read()
         if next_read is not None:
@@ -362,7 +404,7 @@ class BucketPoller:
                 self.book.hint(completion.claimed.bucket, due_at)
         return written
 
-    async def _settle(self) -> None:
+    async def _settle_left(self) -> None:
         """Finish what a failed round left, before anything new: write the
         completions it decided, and put back what it may have claimed but never
         published. Both are fenced by their tokens, so for a bucket that has
@@ -406,16 +448,29 @@ class BucketPoller:
 
     async def _complete(self, claimed: list[Claimed], started: float) -> None:
         """Publish what the claim took and still may be, and write what
-        became of each: decided whole before anything is written."""
+        became of each. The rules decide (``outcomes.py``: ``plan`` before,
+        ``decide`` after); this only moves data. Kafka records are published
+        and written in this round; HTTP calls are started here and each is
+        settled on its own when it answers (``_settle_calls``), so one slow
+        endpoint never holds a round."""
         self.metrics.store_seconds.labels("claim").observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(claimed))
-        live = await self._end_unpublishable(self._still_held(claimed))
+        live = self._still_held(claimed)
         if not live:
             return
-        results = await self._publish_batch(live)
-        outcomes = await self._decide(results)
-        marked = await self._write_outcomes(outcomes, results)
-        self._report(results.delivered, marked, outcomes)
+        plan = self.rules.plan(live, self.wall())
+        try:
+            await self._end_unpublished(plan.ended)
+        except Exception:
+            self._unclaimed.extend(plan.publish)  # none was published
+            raise
+        calls = [c for c in plan.publish if is_http(c.doc)]
+        records = [c for c in plan.publish if not is_http(c.doc)]
+        if calls:
+            await self._start_calls(calls)
+        if records:
+            published, results, unread = await self._publish_records(records)
+            await self._settle(published, results, unread)
 
     def _still_held(self, claimed: list[Claimed]) -> list[Claimed]:
         """The claims whose lease is still usable. The claim may have waited;
@@ -436,19 +491,35 @@ class BucketPoller:
             log.warning("lease gone mid-batch (expired or handed over)", abandoned=len(abandoned))
         return live
 
-    async def _end_unpublishable(self, live: list[Claimed]) -> list[Claimed]:
-        """End what must not be published (past its deadline, a missed
-        occurrence to skip); returns the rest. On an error none was published:
-        all are put back next round."""
+    async def _end_unpublished(self, completions: list[Completion]) -> None:
+        """Write what ends here unpublished: EXPIRED (the document records
+        when, so its history shows it without a history write) and skipped
+        occurrences (recorded). Unwritten, they are written next round."""
+        if not completions:
+            return
         try:
-            live = await self._expire_overdue(live)
-            return await self._skip_misfired(live)
+            await self._write(completions)
         except Exception:
-            self._unclaimed.extend(live)
+            self._unsettled.extend(completions)
             raise
+        for outcome in (Outcome.EXPIRED, Outcome.SKIPPED):
+            ended = [c for c in completions if c.outcome == outcome]
+            if not ended:
+                continue
+            self.metrics.deliveries.labels(outcome.value).inc(len(ended))
+            ids = sorted(c.claimed.id for c in ended)
+            log.info(
+                "claims ended unpublished", outcome=outcome.value, count=len(ids), ids=ids[:20]
+            )
+            if outcome == Outcome.SKIPPED:
+                self._record([c.claimed for c in ended], ended[0].at, Outcome.SKIPPED)
 
-    async def _publish_batch(self, live: list[Claimed]) -> _Results:
-        """Publish ``live`` and sort the answers by what became of each."""
+    async def _publish_records(
+        self, live: list[Claimed]
+    ) -> tuple[list[Claimed], list[Failed | None], list[Claimed]]:
+        """Publish ``live`` to Kafka: (the claims published, a result for
+        each, the claims left unpublished because their payloads could not
+        be read)."""
         started = time.perf_counter()
         try:
             results, unread = await self._publish(live)
@@ -461,29 +532,32 @@ class BucketPoller:
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
         if unread:
             log.warning("large payloads could not be read: put back unpublished", count=len(unread))
-        published = [c for c in live if c.id not in unread]
-        return _sorted(published, results, list(unread.values()))
+        return [c for c in live if c.id not in unread], results, list(unread.values())
 
-    async def _decide(self, results: _Results) -> _Outcomes:
-        """Every outcome of the batch (``outcomes.py``), dead letters
-        published first: a failure whose dead letter did not go out keeps
-        retrying rather than end without a record."""
-        done_at = self.wall()
-        exhausted = [(c, error) for c, error in results.failures if self.rules.exhausted(c)]
-        unsent: set[str] = set()
-        if exhausted and self.dead_letter_topic:
-            unsent = await self._dead_letter(exhausted)
-        return _Outcomes(
-            done=[self.rules.delivered(c, done_at) for c in results.delivered],
-            failed=[
-                self.rules.failed(c, error, done_at, dead_letter_failed=c.id in unsent)
-                for c, error in results.failures
-            ],
-            put_back=[*results.deferred, *results.unread],
-            at=done_at,
-        )
+    async def _settle(
+        self, published: list[Claimed], results: list[Failed | None], unread: list[Claimed]
+    ) -> None:
+        """Decide and write what became of published claims (dead letters
+        sent first: a failure whose dead letter did not go out keeps
+        retrying rather than end without a record), then count and log."""
+        now = self.wall()
+        ending = [
+            (c, f.error)
+            for c, f in zip(published, results, strict=True)
+            if f is not None and self.rules.ends(c, f, now)
+        ]
+        unsent = await self._dead_letter(ending) if ending and self._dead_letters else set()
+        decided = self.rules.decide(published, results, self.wall(), unsent)
+        put_back = [*decided.put_back, *unread]
+        try:
+            marked = await self._write_decided(decided, put_back)
+        finally:
+            self.book.stale({c.bucket for c in put_back})
+            if decided.put_back:
+                self._broker_deferred(published, results, decided)
+        self._report(decided, marked)
 
-    async def _write_outcomes(self, outcomes: _Outcomes, results: _Results) -> int:
+    async def _write_decided(self, decided: Decided, put_back: list[Claimed]) -> int:
         """Write the outcomes as one unit; returns how many deliveries were
         marked. Whichever write fails, all of it is kept for the next round
         to settle (a completion or a put-back already written matches nothing
@@ -492,26 +566,24 @@ class BucketPoller:
         owner's work would ever touch."""
         try:
             started = time.perf_counter()
-            marked = await self._write(outcomes.done) if outcomes.done else 0
+            marked = await self._write(decided.done) if decided.done else 0
             self.metrics.store_seconds.labels("mark_delivered").observe(
                 time.perf_counter() - started
             )
-            if outcomes.failed:
-                await self._write(outcomes.failed)
-            if outcomes.put_back:
-                await self.store.unclaim(outcomes.put_back)
+            rest = [*decided.failed, *decided.deferred]
+            if rest:
+                await self._write(rest)
+            if put_back:
+                await self.store.unclaim(put_back)
         except Exception:
-            self._unsettled.extend([*outcomes.done, *outcomes.failed])
-            self._unclaimed.extend(outcomes.put_back)
+            self._unsettled.extend([*decided.done, *decided.failed, *decided.deferred])
+            self._unclaimed.extend(put_back)
             raise
-        finally:
-            self.book.stale({c.bucket for c in outcomes.put_back})
-            if results.deferred:
-                self._deferred(results.deferred, results.reasons, results.delivered)
         return marked
 
-    def _report(self, delivered: list[Claimed], marked: int, outcomes: _Outcomes) -> None:
+    def _report(self, decided: Decided, marked: int) -> None:
         """Count, log and record what was written (history off the path)."""
+        delivered = [c.claimed for c in decided.done]
         if delivered:
             self.metrics.deliveries.labels("delivered").inc(marked)
             if marked < len(delivered):
@@ -526,86 +598,152 @@ class BucketPoller:
             # A one-shot schedule's document records its delivery already
             # (deliveredAt, attempts, owner, token): its history shows it
             # from there, and the store is spared a write for nearly every record.
-            self._record([c for c in delivered if c.recurring], outcomes.at, Outcome.DELIVERED)
+            done_at = decided.done[0].at
+            self._record([c for c in delivered if c.recurring], done_at, Outcome.DELIVERED)
             for c in delivered:
-                lateness = max((outcomes.at - c.execute_at).total_seconds(), 0.0)
+                lateness = max((done_at - c.execute_at).total_seconds(), 0.0)
                 self.metrics.lateness.observe(lateness)
                 log.debug("schedule delivered", **_about(c), lateness_s=round(lateness, 4))
-        if outcomes.failed:
-            self._failed(outcomes.failed)
+        if decided.failed:
+            self._failed(decided.failed)
+        if decided.deferred:
+            self.metrics.deliveries.labels("deferred").inc(len(decided.deferred))
+            for completion in decided.deferred:
+                self._record(
+                    [completion.claimed], completion.at, Outcome.DEFERRED, completion.error
+                )
+            log.info(
+                "the destination asked to wait: deferred, no attempt spent",
+                count=len(decided.deferred),
+                error=decided.deferred[0].error,
+            )
+
+    # -- HTTP calls: started by a round, each settled when it answers ------------
+
+    async def _start_calls(self, claims: list[Claimed]) -> None:
+        """Start an HTTP call per claim (payloads read first, a few megabytes
+        at a time); each answer is settled by the next round. What cannot be
+        read is put back unpublished."""
+        assert self.http is not None
+        http = self.http
+        for part in _by_bytes(claims, PUBLISH_PART_BYTES):
+            payloads = await self._payloads(part)
+            if payloads is None:
+                self._unclaimed.extend(part)
+                self.book.stale({c.bucket for c in part})
+                continue
+            for claim in part:
+                doc = (
+                    {**claim.doc, LARGE: payloads[claim.id]} if claim.id in payloads else claim.doc
+                )
+                call = build_call(doc, claim.token, claim.attempt)
+                self._calls[claim.id] = claim
+                task = asyncio.create_task(self._call(http, claim, call))
+                self._call_tasks.add(task)
+                task.add_done_callback(self._call_tasks.discard)
+
+    async def _call(self, http: Sink[HttpCall], claim: Claimed, call: HttpCall) -> None:
+        try:
+            [result] = await http.publish([call])
+        except Exception as exc:  # a bug in the sink: the call's fate is unknown
+            log.exception("HTTP call raised", **_about(claim))
+            result = Failed(f"{type(exc).__name__}: {exc}", Trouble.RETRY)
+        self._answers.append((claim, result))
+        self._wake.set()
+
+    async def _settle_calls(self) -> None:
+        """Settle the HTTP calls that answered since the last round."""
+        answers, self._answers = self._answers, []
+        claims = [claim for claim, _result in answers]
+        try:
+            await self._settle(claims, [result for _claim, result in answers], [])
+        finally:
+            # Written, or kept in _unsettled/_unclaimed for the next round.
+            for claim in claims:
+                self._calls.pop(claim.id, None)
+            self._calls_changed.set()
+
+    def _hosts_busy(self) -> Counter[str]:
+        """HTTP calls in flight (or answered, not yet written) by host."""
+        return Counter(http_host(c.doc) for c in self._calls.values())
+
+    def _takeable(self, pool: list[dict[str, Any]], kafka: bool) -> list[dict[str, Any]]:
+        """Of the due ``pool``, what a round may claim: no Kafka record while
+        the broker is down, and no more calls to a host than HTTP_MAX_PER_HOST
+        at once (the rest wait in the book, unclaimed, costing nothing); the
+        rest never waits behind them."""
+        busy = self._hosts_busy()
+        takeable: list[dict[str, Any]] = []
+        for doc in pool:
+            if not is_http(doc):
+                if kafka:
+                    takeable.append(doc)
+                continue
+            if self.http is None:
+                continue
+            host = http_host(doc)
+            if busy[host] < self.http_per_host:
+                busy[host] += 1
+                takeable.append(doc)
+        self._held_back = len(takeable) < len(pool)
+        return takeable
+
+    async def _finish_calls(self, grace: float) -> None:
+        """At stop: wait up to ``grace`` for the calls in flight and write
+        what they answered. The rest stay IN_FLIGHT under this token; the
+        bucket's next owner recovers them (at least once)."""
+        if self._call_tasks:
+            await asyncio.wait(set(self._call_tasks), timeout=grace)
+        for task in list(self._call_tasks):
+            task.cancel()
+        if self._answers:
+            try:
+                await self._settle_calls()
+            except Exception as exc:
+                log.warning("could not write the last HTTP answers", error=str(exc))
+        self._calls.clear()
+        self._calls_changed.set()
 
     async def _publish(
         self,
         live: list[Claimed],
-        as_record: Callable[[Claimed, dict[str, Any]], Record] | None = None,
+        as_item: Callable[[Claimed, dict[str, Any]], Record | HttpCall] | None = None,
     ) -> tuple[list[Failed | None], dict[str, Claimed]]:
-        """Publish ``live``, a few megabytes of payload at a time: the large
-        payloads (read without them, ``node/schedule/payload.py``) are
-        fetched for each part just before it goes, so a batch of large ones
-        is never all in memory at once. Returns a result per claim published
-        and, by id, the claims left unpublished because their payloads could
-        not be read (the store failed part way). ``as_record``: the record a
-        claim (its document, payload loaded) becomes; by default its own."""
-        as_record = as_record or (lambda c, doc: build_record(doc, c.token, c.attempt))
+        """Publish ``live`` and wait for every answer, a few megabytes of
+        payload at a time: the large payloads (read without them,
+        ``node/schedule/payload.py``) are fetched for each part just before
+        it goes, so a batch of large ones is never all in memory at once.
+        Returns a result per claim published and, by id, the claims left
+        unpublished because their payloads could not be read (the store
+        failed part way). ``as_item``: the record or call a claim (its
+        document, payload loaded) becomes; by default its own record."""
+        as_item = as_item or (lambda c, doc: build_record(doc, c.token, c.attempt))
         results: list[Failed | None] = []
         unread: dict[str, Claimed] = {}
         for part in _by_bytes(live, PUBLISH_PART_BYTES):
-            missing = [c for c in part if needs_fetch(c.doc)]
-            payloads: dict[str, bytes] = {}
-            if missing and not unread:
-                try:
-                    payloads = await self.store.large_payloads(missing)
-                except SchedulerError as exc:
-                    log.warning("could not read large payloads", error=str(exc))
-            if any(c.id not in payloads for c in missing):
+            payloads = None if unread else await self._payloads(part)
+            if payloads is None:
                 unread.update((c.id, c) for c in part)
                 continue
-            records = [
-                as_record(c, {**c.doc, LARGE: payloads[c.id]} if c.id in payloads else c.doc)
+            items = [
+                as_item(c, {**c.doc, LARGE: payloads[c.id]} if c.id in payloads else c.doc)
                 for c in part
             ]
-            results += await self.publisher.publish(records)
+            results += await self._router.publish(items)
         return results, unread
 
-    async def _expire_overdue(self, claimed: list[Claimed]) -> list[Claimed]:
-        """One-shots past their deadline (``expireAfter``) are not published:
-        they end EXPIRED. The document records when (``expiredAt``), so its
-        history shows it without a history write. The rest go ahead."""
-        now = self.wall()
-        overdue = [c for c in claimed if self.rules.should_expire(c, now)]
-        return await self._end_unpublished(
-            claimed, [self.rules.expired(c, now) for c in overdue], "expired"
-        )
-
-    async def _skip_misfired(self, claimed: list[Claimed]) -> list[Claimed]:
-        """Occurrences of recurring schedules whose misfire policy is skip and
-        which are too late are not published: their chain moves on. The rest
-        go ahead."""
-        now = self.wall()
-        skipped = [c for c in claimed if self.rules.should_skip(c, now)]
-        left = await self._end_unpublished(
-            claimed, [self.rules.skipped(c, now) for c in skipped], "skipped"
-        )
-        if skipped:
-            self._record(skipped, now, Outcome.SKIPPED)
-        return left
-
-    async def _end_unpublished(
-        self, claimed: list[Claimed], completions: list[Completion], outcome: str
-    ) -> list[Claimed]:
-        """Write ``completions`` (claims that end here, unpublished) and return
-        the claims left to publish. Unwritten, they are written next round."""
-        if not completions:
-            return claimed
+    async def _payloads(self, part: list[Claimed]) -> dict[str, bytes] | None:
+        """The large payloads of ``part`` by id, or None when the store did
+        not give them all."""
+        missing = [c for c in part if needs_fetch(c.doc)]
+        if not missing:
+            return {}
         try:
-            written = await self._write(completions)
-        except Exception:
-            self._unsettled.extend(completions)
-            raise
-        self.metrics.deliveries.labels(outcome).inc(written)
-        ended = {c.claimed.id for c in completions}
-        log.info("claims ended unpublished", outcome=outcome, count=written, ids=sorted(ended)[:20])
-        return [c for c in claimed if c.id not in ended]
+            payloads = await self.store.large_payloads(missing)
+        except SchedulerError as exc:
+            log.warning("could not read large payloads", error=str(exc))
+            return None
+        return payloads if all(c.id in payloads for c in missing) else None
 
     def _failed(self, completions: list[Completion]) -> None:
         """Count and record publishes that failed (written already)."""
@@ -641,20 +779,24 @@ class BucketPoller:
             ]
         )
 
-    def _deferred(
-        self, deferred: list[Claimed], reasons: list[Failed], delivered: list[Claimed]
+    def _broker_deferred(
+        self, published: list[Claimed], results: list[Failed | None], decided: Decided
     ) -> None:
-        """The broker could not take these: they go back to PENDING with the
-        attempt undone (an outage must not spend the retry budget; written
-        with the batch's outcomes). When it took nothing of the batch, it is
-        down: claim nothing until it answers."""
-        self.metrics.deliveries.labels("deferred").inc(len(deferred))
-        if not delivered:
-            self._broker_trouble(reasons[0].error if reasons else "")
+        """The broker could not take these: they went back to PENDING with
+        the attempt undone (an outage must not spend the retry budget). When
+        it took none of the batch's records, it is down: claim no record
+        until it answers."""
+        self.metrics.deliveries.labels("deferred").inc(len(decided.put_back))
+        reasons = [f.error for f in results if f is not None and f.wait is None]
+        kafka_took = any(
+            f is None and not is_http(c.doc) for c, f in zip(published, results, strict=True)
+        )
+        if not kafka_took:
+            self._broker_trouble(reasons[0] if reasons else "")
         log.warning(
             "the broker did not take these: deferred, no attempt spent",
-            count=len(deferred),
-            error=reasons[0].error if reasons else None,
+            count=len(decided.put_back),
+            error=reasons[0] if reasons else None,
         )
 
     def _broker_trouble(self, error: str) -> None:
@@ -683,19 +825,21 @@ class BucketPoller:
         self.metrics.broker_available.set(1)
         return True
 
+    @property
+    def _dead_letters(self) -> bool:
+        return bool(self.dead_letter_topic or self.dead_letter_url)
+
     async def _dead_letter(self, failures: list[tuple[Claimed, str]]) -> set[str]:
-        """Publish these to the dead-letter topic; returns the ids it did not
-        take (they keep retrying rather than fail without a record)."""
+        """Send these to the dead-letter topic or URL; returns the ids it did
+        not take (they keep retrying rather than fail without a record)."""
         errors = {claimed.id: error for claimed, error in failures}
 
-        def dead_letter(claimed: Claimed, doc: dict[str, Any]) -> Record:
-            original = build_record(doc, claimed.token, claimed.attempt)
-            headers = [
-                *original.headers,
-                ("original-topic", original.topic.encode()),
-                ("error", errors[claimed.id].encode()[:1024]),
-            ]
-            return Record(self.dead_letter_topic, original.key, original.value, headers)
+        def dead_letter(claimed: Claimed, doc: dict[str, Any]) -> Record | HttpCall:
+            error = _header_text(errors[claimed.id])
+            return dead_letter_item(
+                doc, claimed.token, claimed.attempt, error, self.dead_letter_topic,
+                self.dead_letter_url,
+            )  # fmt: skip
 
         claims = [claimed for claimed, _error in failures]
         try:
@@ -703,7 +847,7 @@ class BucketPoller:
         except Exception as exc:  # no answer: none of them is known to be there
             log.exception("dead-letter publish raised")
             results, unread = (
-                [Failed(f"{type(exc).__name__}: {exc}", broker=True)] * len(claims),
+                [Failed(f"{type(exc).__name__}: {exc}", Trouble.DESTINATION)] * len(claims),
                 {},
             )
         unsent = set(unread)
@@ -715,43 +859,9 @@ class BucketPoller:
         return unsent
 
 
-@dataclass(frozen=True)
-class _Results:
-    """A published batch, sorted by what became of each record."""
-
-    delivered: list[Claimed]
-    deferred: list[Claimed]  # the broker's trouble: put back, no attempt spent
-    reasons: list[Failed]  # why, for each deferred one
-    failures: list[tuple[Claimed, str]]  # the record's own fault: an attempt spent
-    unread: list[Claimed]  # unpublished: the store did not give their payloads
-
-
-@dataclass(frozen=True)
-class _Outcomes:
-    """What the batch's schedules become, decided before any is written."""
-
-    done: list[Completion]
-    failed: list[Completion]
-    put_back: list[Claimed]
-    at: datetime
-
-
-def _sorted(
-    published: list[Claimed], results: list[Failed | None], unread: list[Claimed]
-) -> _Results:
-    delivered: list[Claimed] = []
-    deferred: list[Claimed] = []
-    reasons: list[Failed] = []
-    failures: list[tuple[Claimed, str]] = []
-    for claim, failure in zip(published, results, strict=True):
-        if failure is None:
-            delivered.append(claim)
-        elif failure.broker:
-            deferred.append(claim)
-            reasons.append(failure)
-        else:
-            failures.append((claim, failure.error))
-    return _Results(delivered, deferred, reasons, failures, unread)
+def _header_text(text: str) -> str:
+    """One line of printable ASCII, at most 1 KiB: what a header may carry."""
+    return "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))[:1024]
 
 
 def _by_bytes(claims: list[Claimed], most: int) -> list[list[Claimed]]:
@@ -792,6 +902,7 @@ def configured_poller(
     history: HistoryWriter | None,
     tenant_names: Callable[[], Awaitable[Sequence[str]]],
     wall: Callable[[], datetime] = utcnow,
+    http: Sink[HttpCall] | None = None,
 ) -> BucketPoller:
     """The poller a node's settings make: the node process's, and the one the
     delivery bench runs on the memory store."""
@@ -804,12 +915,22 @@ def configured_poller(
         batch_size=config.batch_size,
         poll_interval=config.poll_interval,
         batch_linger=config.batch_linger,
-        rules=Rules(config.retry, timedelta(seconds=config.misfire_threshold)),
+        rules=Rules(
+            config.retry,
+            timedelta(seconds=config.misfire_threshold),
+            outage_bound=timedelta(seconds=config.http_outage_bound),
+        ),
         dead_letter_topic=config.dead_letter_topic,
+        dead_letter_url=config.dead_letter_url,
+        http=http,
+        http_per_host=config.http_max_per_host,
         history=history,
         tenant_names=tenant_names if config.fair_tenants else None,
         wall=wall,
+        # An HTTP call is written by the round after it answers: it holds
+        # its claim up to its timeout (at most MAX_TIMEOUT) and a round more.
         stranded_after=longest_round(
-            config.store_timeout, publisher.request_timeout + METADATA_DEADLINE
+            config.store_timeout,
+            max(publisher.request_timeout + METADATA_DEADLINE, MAX_TIMEOUT.total_seconds()),
         ),
     )

@@ -1,7 +1,9 @@
-"""``python -m node tenants {add,list,set,add-key,revoke-key,remove}``:
-manage tenants and API keys directly in the database (MONGO_URI and
-MONGO_DATABASE, as the nodes use them). A new key is printed once, to
-stdout and nowhere else; only its digest is stored.
+"""``python -m node tenants {add,list,set,add-key,revoke-key,rotate-secret,
+retire-secret,remove}``: manage tenants, API keys and signing secrets
+directly in the database (MONGO_URI and MONGO_DATABASE, as the nodes use
+them). A new key is printed once, to stdout and nowhere else; only its
+digest is stored. A signing secret (``whsec_...``, for HTTP deliveries) is
+printed when made; the receiver needs it, so it is stored as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pymongo import AsyncMongoClient
 
 from node import config as node_config
 from node.errors import StoreUnavailable, TenantError
+from node.schedule.webhook import new_secret
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant, validate_name
 from node.tenants.model import unlimited as tenant_defaults
@@ -78,6 +81,14 @@ def _limits(parser: argparse.ArgumentParser) -> None:
         dest="topic_prefixes",
         help="allowed topic prefix, repeatable (default: any topic)",
     )
+    parser.add_argument(
+        "--url-prefix",
+        action="append",
+        default=None,
+        dest="url_prefixes",
+        help="allowed http target URL prefix, repeatable, like https://hooks.example.com/ "
+        "(default: any URL the egress policy allows)",
+    )
     parser.add_argument("--no-rate", action="store_true", help="remove the rate limit")  # fmt: skip
     parser.add_argument(
         "--read-budget",
@@ -104,6 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_key.add_argument("name")
     revoke = commands.add_parser("revoke-key", help="revoke a key by its hint or whole")
     revoke.add_argument("key")
+    rotate = commands.add_parser(
+        "rotate-secret",
+        help="a new signing secret for HTTP deliveries (printed); the newest old one stays "
+        "valid (both signatures are sent) until retire-secret",
+    )
+    rotate.add_argument("name")
+    retire = commands.add_parser(
+        "retire-secret", help="stop signing with the older secret of a rotation"
+    )
+    retire.add_argument("name")
     remove = commands.add_parser("remove", help="delete a tenant and its keys")
     remove.add_argument("name")
 
@@ -122,9 +143,33 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["burst"] = args.burst
     if args.topic_prefixes is not None:
         changes["topic_prefixes"] = tuple(p for p in args.topic_prefixes if p)
+    if args.url_prefixes is not None:
+        changes["url_prefixes"] = tuple(p for p in args.url_prefixes if p)
     if args.read_budget is not None:
         changes["read_budget"] = args.read_budget or None
     return changes
+
+
+async def _secrets(args: argparse.Namespace, store: TenantStore) -> None:
+    """Rotate (a new secret first, the newest old one kept) or retire (the
+    older one dropped) a tenant's signing secrets."""
+    tenant = await store.get(args.name)
+    if tenant is None:
+        raise TenantError(f"no tenant {args.name!r}")
+    if args.tenant_command == "rotate-secret":
+        secret = new_secret()
+        await store.update(args.name, signing_secrets=(secret, *tenant.signing_secrets[:1]))
+        print(secret)
+        print(
+            f"tenant {args.name!r} signs with this secret now"
+            + (", and with the previous one until retire-secret" if tenant.signing_secrets else ""),
+            file=sys.stderr,
+        )
+        return
+    if len(tenant.signing_secrets) < 2:
+        raise TenantError(f"tenant {args.name!r} has no older secret to retire")
+    await store.update(args.name, signing_secrets=tenant.signing_secrets[:1])
+    print(f"tenant {args.name!r} signs with its newest secret only", file=sys.stderr)
 
 
 async def _run(args: argparse.Namespace, store: TenantStore) -> int:
@@ -146,6 +191,8 @@ async def _run(args: argparse.Namespace, store: TenantStore) -> int:
         if not await store.revoke_key(args.key):
             raise TenantError("no such key")
         print("revoked", file=sys.stderr)
+    elif command in ("rotate-secret", "retire-secret"):
+        await _secrets(args, store)
     elif command == "remove":
         if not await store.remove(args.name):
             raise TenantError(f"no tenant {args.name!r}")

@@ -18,7 +18,7 @@ from typing import Any
 
 from node.errors import InvalidState, ScheduleInFlight, ValidationFailed
 from node.schedule.model import CHANGEABLE, Status, label_pairs, public_id
-from node.schedule.parse import Patch
+from node.schedule.parse import Patch, headers_on_http
 from node.schedule.payload import payload_fields
 from node.schedule.times import aware
 
@@ -70,6 +70,7 @@ def patch(doc: dict[str, Any], request: Patch, now: datetime) -> Change:
     execute_at, recurring = _patch_time(doc, request, now, sets, unsets)
     _patch_expiry(doc, request, execute_at, recurring, sets, unsets)
     _patch_content(request, sets, unsets)
+    _patch_destination(doc, request, sets, unsets)
     pending = doc["status"] == Status.PENDING.value
     due_at = sets.get("dueAt") if pending else None
     return Change(sets, frozenset(unsets), due_at)
@@ -150,6 +151,24 @@ def _patch_content(request: Patch, sets: dict[str, Any], unsets: set[str]) -> No
     _set_or_clear(sets, unsets, "retry", named, retry)
     labels = label_pairs(request.labels) if request.labels else None
     _set_or_clear(sets, unsets, "labels", named, labels)
+
+
+def _patch_destination(
+    doc: dict[str, Any], request: Patch, sets: dict[str, Any], unsets: set[str]
+) -> None:
+    """Add a new destination: a topic or an http target replaces the other.
+    Record headers belong to a Kafka record: a schedule going to an http
+    target must have none (its own go in ``http.headers``)."""
+    if request.topic is not None:
+        sets["topic"] = request.topic
+        unsets.add("http")
+    if request.http is not None:
+        sets["http"] = request.http.to_document()
+        unsets.add("topic")
+    to_http = request.http is not None or (request.topic is None and bool(doc.get("http")))
+    headers = sets["headers"] if "headers" in sets else doc.get("headers")
+    if to_http and headers:
+        raise headers_on_http()
 
 
 def pause(doc: dict[str, Any], now: datetime) -> Change | None:

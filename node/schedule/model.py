@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from node.schedule.destination import HttpTarget
+from node.schedule.egress import EgressPolicy
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
 
@@ -71,11 +73,16 @@ LABEL_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,63}$")
 MAX_LABEL_VALUE_BYTES = 128
 
 
+NO_RANGES_ALLOWED = EgressPolicy()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     max_payload_bytes: int
     horizon: timedelta
     retry: RetryPolicy = DEFAULT_POLICY  # the node's, completing a partial "retry"
+    # Where an http target may point (HTTP_TARGETS_ALLOW).
+    egress: EgressPolicy = NO_RANGES_ALLOWED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +92,8 @@ class NewSchedule:
     id: str
     client_id: bool  # the caller chose the id (idempotency key)
     tenant: str
-    topic: str
+    # The destination: exactly one of a Kafka topic or an HTTP target.
+    topic: str | None
     execute_at: datetime  # UTC, millisecond precision (what BSON stores)
     payload: bytes
     payload_format: str  # "json" or "base64": how GET shows it back
@@ -99,6 +107,12 @@ class NewSchedule:
     labels: dict[str, str] = field(default_factory=dict)
     # A one-shot not published by execute_at + expire_after is EXPIRED instead.
     expire_after: timedelta | None = None
+    http: HttpTarget | None = None
+
+    @property
+    def destination(self) -> str:
+        """What a tenant's prefixes are checked against: the topic, or the URL."""
+        return self.http.url if self.http is not None else str(self.topic)
 
     def fingerprint(self) -> str:
         """A digest of everything but the id: the same id with another body is a 409."""
@@ -116,6 +130,8 @@ class NewSchedule:
         if self.labels or self.expire_after is not None:  # appended, likewise
             parts.append(sorted(self.labels.items()))
             parts.append(None if self.expire_after is None else self.expire_after.total_seconds())
+        if self.http is not None:  # appended, likewise
+            parts.append(self.http.fingerprint())
         canonical = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -138,6 +154,11 @@ def is_storage_id(text: str) -> bool:
     if not separator:
         return is_client_id(text)
     return tenant != DEFAULT_TENANT and is_tenant_name(tenant) and is_client_id(schedule_id)
+
+
+def tenant_of(document_id: str) -> str:
+    """The tenant a document ``_id`` belongs to."""
+    return document_id.rpartition(_TENANT_SEPARATOR)[0] or DEFAULT_TENANT
 
 
 def public_id(document_id: str) -> str:

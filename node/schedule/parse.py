@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import PayloadTooLarge, ValidationFailed
+from node.schedule.destination import HttpTarget, parse_http
 from node.schedule.model import (
     DEFAULT_TENANT,
     MAX_HEADER_BYTES,
@@ -41,6 +42,7 @@ _ALLOWED_FIELDS = frozenset(
     {
         "id",
         "topic",
+        "http",
         "executeAt",
         "recurrence",
         "payload",
@@ -53,8 +55,9 @@ _ALLOWED_FIELDS = frozenset(
         "expireAfter",
     }
 )
-# What PATCH may change: all but the schedule's identity.
-PATCHABLE_FIELDS = _ALLOWED_FIELDS - {"id", "tenant", "topic"}
+# What PATCH may change: all but the schedule's identity (its destination
+# may switch between a topic and an http target).
+PATCHABLE_FIELDS = _ALLOWED_FIELDS - {"id", "tenant"}
 # Of those, the ones null clears.
 CLEARABLE_FIELDS = frozenset({"key", "retry", "labels", "expireAfter"})
 # The longest expireAfter: as far as the horizon lets a schedule be anyway.
@@ -230,9 +233,7 @@ def parse_schedule_object(
 
     tenant = scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
 
-    if "topic" not in data:
-        raise ValidationFailed("topic is required", "topic")
-    topic = validate_topic(data["topic"])
+    topic, http = _parse_destination(data, limits)
 
     if ("executeAt" in data) == ("recurrence" in data):
         raise ValidationFailed("exactly one of executeAt or recurrence is required", "executeAt")
@@ -249,6 +250,8 @@ def parse_schedule_object(
     payload, payload_format = _parse_payload(data, limits)
     key = _parse_key(data.get("key"))
     headers = _parse_headers(data.get("headers", {}))
+    if http is not None and headers:
+        raise headers_on_http()
     labels = parse_labels(data.get("labels", {}))
     expire_after = None
     if "expireAfter" in data:
@@ -270,6 +273,24 @@ def parse_schedule_object(
         retry=retry,
         labels=labels,
         expire_after=expire_after,
+        http=http,
+    )
+
+
+def _parse_destination(
+    data: dict[str, Any], limits: Limits
+) -> tuple[str | None, HttpTarget | None]:
+    """The one destination a schedule names: a Kafka topic or an http target."""
+    if ("topic" in data) == ("http" in data):
+        raise ValidationFailed("exactly one of topic or http is required", "topic")
+    if "http" in data:
+        return None, parse_http(data["http"], limits.egress)
+    return validate_topic(data["topic"]), None
+
+
+def headers_on_http() -> ValidationFailed:
+    return ValidationFailed(
+        "headers are a Kafka record's; an http target's go in http.headers", "headers"
     )
 
 
@@ -347,6 +368,9 @@ class Patch:
     retry: RetryPolicy | None = None
     labels: dict[str, str] | None = None
     expire_after: timedelta | None = None
+    # A new destination: one of them (naming it switches from the other).
+    topic: str | None = None
+    http: HttpTarget | None = None
 
 
 def parse_patch(data: Any, limits: Limits, now: datetime) -> Patch:
@@ -378,6 +402,8 @@ def _check_patch_fields(data: Any) -> None:
         raise ValidationFailed("at most one of executeAt or recurrence", "executeAt")
     if "payload" in data and "payloadBase64" in data:
         raise ValidationFailed("at most one of payload or payloadBase64", "payload")
+    if "topic" in data and "http" in data:
+        raise ValidationFailed("at most one of topic or http", "topic")
 
 
 def _parse_patch_time(data: dict[str, Any], limits: Limits, now: datetime) -> dict[str, Any]:
@@ -409,6 +435,10 @@ def _parse_patch_content(data: dict[str, Any], limits: Limits) -> dict[str, Any]
         fields["labels"] = parse_labels(data["labels"])
     if data.get("expireAfter") is not None:
         fields["expire_after"] = parse_expire_after(data["expireAfter"])
+    if "topic" in data:
+        fields["topic"] = validate_topic(data["topic"])
+    if "http" in data:
+        fields["http"] = parse_http(data["http"], limits.egress)
     return fields
 
 

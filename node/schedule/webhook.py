@@ -34,25 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from node.schedule.destination import FENCE_SIGNED
 from node.schedule.model import public_id
 from node.schedule.payload import payload_of
 from node.schedule.times import format_time
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
-# The signed header set, in the order its values are signed.
-FENCE_SIGNED = ("schedule-id", "execute-at", "fence-token", "attempt", "tenant")
-# Headers the scheduler sets on a request: a caller may not set them.
-SCHEDULER_HEADERS = frozenset(
-    {
-        *FENCE_SIGNED,
-        "webhook-id",
-        "webhook-timestamp",
-        "webhook-signature",
-        "fence-signature",
-        "content-type",
-    }
-)
 CONTENT_TYPES = {"json": "application/json", "base64": "application/octet-stream"}
 
 

@@ -99,6 +99,9 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     EXPIRED = "expired"
+    # The destination asked to wait (a Retry-After, an open circuit): due
+    # again later, the attempt not spent.
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ def schedule_document(new: NewSchedule, bucket_count: int, now: datetime) -> dic
         doc["key"] = new.key
     if new.labels:
         doc["labels"] = label_pairs(new.labels)
+    if new.http is not None:
+        # An http target in place of a topic (absent, not null: a listing by
+        # topic never meets it, and by_tenant_host holds only these).
+        del doc["topic"]
+        doc["http"] = new.http.to_document()
     if new.expire_after is not None:
         doc.update(expiry_fields(new.execute_at, new.expire_after))
     if new.recurrence is not None:
@@ -130,6 +135,13 @@ INDEXES = [
         {"partialFilterExpression": {"key": {"$exists": True}}},
     ),
     IndexSpec("by_tenant_topic", [("tenant", ASCENDING), ("topic", ASCENDING), ("_id", ASCENDING)]),
+    # A listing by an http target's host: partial, so Kafka schedules cost
+    # it nothing.
+    IndexSpec(
+        "by_tenant_host",
+        [("tenant", ASCENDING), ("http.host", ASCENDING), ("_id", ASCENDING)],
+        {"partialFilterExpression": {"http.host": {"$exists": True}}},
+    ),
     # A listing by due window or status, in due order. No status in the key:
     # with it, a real MongoDB would move this entry at the claim and at the
     # mark of every record; dueAt moves only on a retry, an occurrence or a

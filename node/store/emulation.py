@@ -42,9 +42,19 @@ def matches(doc: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
             continue
         if name.startswith("$"):
             raise NotImplementedError(f"query operator {name}")
-        if not _field_matches(doc.get(name, _MISSING), condition):
+        if not _field_matches(_lookup(doc, name), condition):
             return False
     return True
+
+
+def _lookup(doc: Mapping[str, Any], name: str) -> Any:
+    """A field by its dotted path (``http.host``), or _MISSING."""
+    value: Any = doc
+    for part in name.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
 
 
 def _field_matches(value: Any, condition: Any) -> bool:
@@ -72,6 +82,8 @@ def _same(a: Any, b: Any) -> bool:
 def _operator(value: Any, op: str, operand: Any) -> bool:
     if op == "$eq":
         return _equals(value, operand)
+    if op == "$exists":
+        return (value is not _MISSING) == bool(operand)
     if op == "$in":
         return any(_equals(value, candidate) for candidate in operand)
     if op == "$all":

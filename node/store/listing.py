@@ -46,6 +46,11 @@ class Listing:
     status: str | None = None
     labels: tuple[str, ...] = ()  # "name=value" pairs, all must match
     topic: str | None = None
+    host: str | None = None  # an http target's host
+    # "kafka" or "http": applied within the range the other filters read
+    # (no index of its own: the host's is partial, the topic's has no order
+    # of destinations), so it is for narrowing, not for finding.
+    destination: str | None = None
     key: str | None = None
     due_after: datetime | None = None  # dueAt >= due_after
     due_before: datetime | None = None  # dueAt < due_before
@@ -54,7 +59,7 @@ class Listing:
     @property
     def by_due(self) -> bool:
         """Ordered by due time: a listing by status or due window alone."""
-        return not (self.labels or self.key or self.topic) and (
+        return not (self.labels or self.key or self.topic or self.host) and (
             self.status is not None or self.due_after is not None or self.due_before is not None
         )
 
@@ -74,6 +79,8 @@ class Listing:
             return "by_tenant_key"
         if self.topic is not None:
             return "by_tenant_topic"
+        if self.host is not None:
+            return "by_tenant_host"
         if self.by_due:
             return "by_tenant_due"
         return "by_tenant_id"
@@ -82,7 +89,13 @@ class Listing:
     def count_index(self) -> str | None:
         """The index the counts per status are read from: a label's, a key's
         or a topic's range, else the one whose prefix is (tenant, status)."""
-        if self.index in (None, "by_tenant_label", "by_tenant_key", "by_tenant_topic"):
+        if self.index in (
+            None,
+            "by_tenant_label",
+            "by_tenant_key",
+            "by_tenant_topic",
+            "by_tenant_host",
+        ):
             return self.index
         return "tenant_status_bucket_due"
 
@@ -90,6 +103,16 @@ class Listing:
         if self.by_due:
             return [("dueAt", ASCENDING), ("_id", ASCENDING)]
         return [("_id", ASCENDING)]
+
+    def _destination_filter(self) -> dict[str, Any]:
+        query: dict[str, Any] = {}
+        if self.topic is not None:
+            query["topic"] = self.topic
+        if self.host is not None:
+            query["http.host"] = self.host
+        if self.destination is not None:
+            query["http" if self.destination == "http" else "topic"] = {"$exists": True}
+        return query
 
     def filter(self, *, status: str | None = None, paged: bool = True) -> dict[str, Any]:
         """The page's filter; ``status`` replaces the listing's own (counts),
@@ -102,10 +125,9 @@ class Listing:
             query["labels"] = (
                 self.labels[0] if len(self.labels) == 1 else {"$all": list(self.labels)}
             )
+        query.update(self._destination_filter())
         if self.key is not None:
             query["key"] = self.key
-        if self.topic is not None:
-            query["topic"] = self.topic
         if status is not None:
             query["status"] = status
         due: dict[str, Any] = {}

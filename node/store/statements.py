@@ -148,6 +148,18 @@ def completion_update(completion: Completion, retention: timedelta) -> dict[str,
     """The update that records a completion (its decisions are already
     made, ``node/delivery/outcomes.py``). A schedule that ends here gets its
     ``expireAt``."""
+    if completion.outcome == Outcome.DEFERRED:
+        # The same occurrence (a trigger's too), due when the destination
+        # said, the claim's attempt given back (runs stays: the history
+        # keeps the wait as a run of its own).
+        return {
+            "$set": {
+                "status": Status.PENDING.value,
+                "dueAt": completion.due_at,
+                "lastError": completion.error,
+            },
+            "$inc": {"attempts": -1, "version": 1},
+        }
     occurrence = completion.occurrence
     fields: dict[str, Any] = {}
     if occurrence is not None:

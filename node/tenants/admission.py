@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from node.errors import QuotaExceeded, RateLimited, SchedulerError, TopicNotAllowed, UnknownTopic
 from node.schedule.model import NewSchedule
 from node.tenants.directory import TenantDirectory
+from node.tenants.model import Tenant
 from node.tenants.quotas import PendingQuota, RateLimiter
 
 # A tenant this node accepted work for is served fairly for this long after,
@@ -31,6 +32,26 @@ NEW_TOPICS_PER_CALL = 16
 # when it answered that it does not, None when it could not be asked (a
 # broker outage must not stop intake: the schedule waits for the broker).
 TopicCheck = Callable[[str], Awaitable[bool | None]]
+
+
+def destination_refusal(
+    tenant: Tenant, topic: str | None, url: str | None
+) -> TopicNotAllowed | None:
+    """Why ``tenant`` may not deliver to this topic or URL (its prefixes), if
+    it may not: at create, and when a PATCH names a new destination."""
+    if topic is not None and not tenant.allows_topic(topic):
+        return TopicNotAllowed(
+            f"tenant {tenant.name!r} may publish only to topics starting with "
+            + ", ".join(repr(p) for p in tenant.topic_prefixes),
+            "topic",
+        )
+    if url is not None and not tenant.allows_url(url):
+        return TopicNotAllowed(
+            f"tenant {tenant.name!r} may call only URLs starting with "
+            + ", ".join(repr(p) for p in tenant.url_prefixes),
+            "http.url",
+        )
+    return None
 
 
 class Admission:
@@ -72,15 +93,13 @@ class Admission:
             tenant = await self.directory.policy(name)
             allowed = []
             for index in indexes:
-                topic = schedules[index].topic
-                if tenant.allows_topic(topic):
+                new = schedules[index]
+                url = new.http.url if new.http is not None else None
+                refusal = destination_refusal(tenant, new.topic, url)
+                if refusal is None:
                     allowed.append(index)
                 else:
-                    answers[index] = TopicNotAllowed(
-                        f"tenant {name!r} may publish only to topics starting with "
-                        + ", ".join(repr(p) for p in tenant.topic_prefixes),
-                        "topic",
-                    )
+                    answers[index] = refusal
             admitted, retry_after = self.rates.admit(tenant, len(allowed), now, self.alive_nodes())
             for index in allowed[admitted:]:
                 answers[index] = RateLimited(
@@ -99,8 +118,20 @@ class Admission:
                     )
                 allowed = allowed[:room]
             for index in allowed:
-                answers[index] = await self._topic_refusal(schedules[index].topic, now, asked)
+                topic = schedules[index].topic
+                if topic is not None:
+                    answers[index] = await self._topic_refusal(topic, now, asked)
         return answers
+
+    async def new_destination(
+        self, tenant_name: str, topic: str | None, url: str | None
+    ) -> SchedulerError | None:
+        """Why a PATCH may not move a schedule of ``tenant_name`` to this topic
+        or URL: its prefixes, and the broker's knowledge of the topic."""
+        refusal = destination_refusal(await self.directory.policy(tenant_name), topic, url)
+        if refusal is None and topic is not None:
+            return await self._topic_refusal(topic, self.clock(), set())
+        return refusal
 
     async def _topic_refusal(
         self, topic: str, now: float, asked: set[str]

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from node.errors import TenantError
+from node.schedule.egress import allows_prefix
 from node.schedule.model import TENANT_NAME
 
 KEY_PREFIX = "sk_"
@@ -34,12 +35,20 @@ class Tenant:
     rate: float | None = None  # schedules accepted per second, cluster-wide
     burst: int | None = None  # schedules accepted at once above the rate
     topic_prefixes: tuple[str, ...] = ()  # empty: any topic
+    url_prefixes: tuple[str, ...] = ()  # empty: any URL the egress policy allows
+    # The secrets its HTTP deliveries are signed with, newest first: two
+    # during a rotation (both signatures are sent), else one; none: the
+    # cluster's HTTP_SIGNING_SECRET.
+    signing_secrets: tuple[str, ...] = ()
     # Seconds of store time a second its API calls may take, cluster-wide
     # (node/tenants/reads.py); None: the node's READ_BUDGET.
     read_budget: float | None = None
 
     def allows_topic(self, topic: str) -> bool:
         return not self.topic_prefixes or topic.startswith(self.topic_prefixes)
+
+    def allows_url(self, url: str) -> bool:
+        return allows_prefix(url, self.url_prefixes)
 
     @property
     def burst_size(self) -> float:
@@ -56,6 +65,8 @@ class Tenant:
             "rate": self.rate,
             "burst": self.burst,
             "topicPrefixes": list(self.topic_prefixes),
+            "urlPrefixes": list(self.url_prefixes),
+            "signingSecrets": list(self.signing_secrets),
             "readBudget": self.read_budget,
         }
 
@@ -71,6 +82,8 @@ class Tenant:
             rate=doc.get("rate"),
             burst=doc.get("burst"),
             topic_prefixes=tuple(doc.get("topicPrefixes") or ()),
+            url_prefixes=tuple(doc.get("urlPrefixes") or ()),
+            signing_secrets=tuple(doc.get("signingSecrets") or ()),
             read_budget=doc.get("readBudget"),
         )
 
@@ -82,6 +95,9 @@ class Tenant:
             "rate": self.rate,
             "burst": self.burst,
             "topicPrefixes": list(self.topic_prefixes),
+            "urlPrefixes": list(self.url_prefixes),
+            # Never the secrets themselves: a listing is not where they are read.
+            "signingSecrets": len(self.signing_secrets),
             "readBudget": self.read_budget,
         }
 

@@ -1,4 +1,4 @@
-"""Kafka publishing: the aiokafka adapter (the records themselves are built
+"""The Kafka sink: the aiokafka adapter (the records themselves are built
 in ``node/schedule/record.py``).
 
 The producer waits for the full ISR (``acks="all"``): a schedule is marked
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,10 +25,21 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
+from node.delivery.sinks.contract import Failed, Trouble
 from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
 
 log = structlog.get_logger("node.publisher")
+
+
+def _broker(error: str) -> Failed:
+    """The broker's trouble: no attempt spent, the claim put back as it was."""
+    return Failed(error, Trouble.DESTINATION)
+
+
+def _record(error: str) -> Failed:
+    """The record's own fault: an attempt spent, toward the dead letter."""
+    return Failed(error, Trouble.RETRY)
 
 
 # A metadata request that says whether the broker is there, or a topic is.
@@ -49,16 +59,6 @@ RECORD_FAULTS = (
 
 class _Refused(Exception):
     """The broker answered, and refused an idempotent producer."""
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A record that was not published: why, and whether it was the broker's
-    trouble (it spends no attempt: the schedule waits for the broker) or the
-    record's own (it spends one, toward the dead-letter topic)."""
-
-    error: str
-    broker: bool
 
 
 class KafkaPublisher:
@@ -243,12 +243,12 @@ class KafkaPublisher:
         broker said of each topic this batch asked about."""
         text = f"{type(error).__name__}: {error}"
         if isinstance(error, RECORD_FAULTS):
-            return Failed(text, broker=False)
+            return _record(text)
         if isinstance(error, (TimeoutError, UnknownTopicOrPartitionError)):
             # No metadata for the topic in time: the topic's fault if the
             # broker answers that it does not have it, else the broker's.
             if record.topic not in topics:
                 topics[record.topic] = await self.topic_known(record.topic)
-            return Failed(text, broker=topics[record.topic] is not False)
+            return _record(text) if topics[record.topic] is False else _broker(text)
         retriable = isinstance(error, OSError) or getattr(error, "retriable", False)
-        return Failed(text, broker=bool(retriable) or isinstance(error, KafkaError))
+        return _broker(text) if retriable or isinstance(error, KafkaError) else _record(text)
