@@ -147,7 +147,6 @@ class BucketPoller:
         self.dead_letter_url = dead_letter_url
         self.http = http
         self.http_per_host = http_per_host
-        self._router = Router(publisher, http)
         # HTTP calls started and not yet written, by id; the answers in since
         # the last round; the tasks still waiting for one.
         self._calls: dict[str, Claimed] = {}
@@ -824,6 +823,11 @@ class BucketPoller:
         self._broker_retry_at, self._broker_backoff = None, 0.0
         self.metrics.broker_available.set(1)
         return True
+
+    @property
+    def _router(self) -> Router:
+        # Made on use: tests put a twin in place of the publisher.
+        return Router(self.publisher, self.http)
 
     @property
     def _dead_letters(self) -> bool:
