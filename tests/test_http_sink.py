@@ -28,8 +28,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from node.delivery.sink import Failed, Trouble
 from node.delivery.sinks.breaker import State
-from node.delivery.sinks.contract import Failed, Trouble
 from node.delivery.sinks.http import (
     BODY_READ,
     EgressResolver,

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.poller import BucketPoller
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.metrics import NodeMetrics
 from node.schedule.model import Limits, NewSchedule
 from node.schedule.parse import parse_new_schedule

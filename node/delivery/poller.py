@@ -52,7 +52,7 @@ from node.delivery.fairness import by_due, fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
-from node.delivery.sinks.contract import Failed, Sink, Trouble
+from node.delivery.sink import Failed, Sink, Trouble
 from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
 from node.delivery.sinks.router import Router, dead_letter_item
 from node.errors import SchedulerError

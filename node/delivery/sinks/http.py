@@ -43,12 +43,13 @@ from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
 from node.delivery.outcomes import http_result
+from node.delivery.sink import Failed, Trouble
 from node.delivery.sinks.breaker import Blocked, Breakers, BreakerSettings, Pass
-from node.delivery.sinks.contract import Failed, Trouble
 from node.errors import ValidationFailed
 from node.metrics import NodeMetrics
+from node.schedule.destination import SCHEDULER_HEADERS
 from node.schedule.egress import EgressPolicy, check_url
-from node.schedule.webhook import SCHEDULER_HEADERS, HttpCall, signed_headers
+from node.schedule.webhook import HttpCall, signed_headers
 
 log = structlog.get_logger(__name__)
 
