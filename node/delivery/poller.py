@@ -552,7 +552,7 @@ class BucketPoller:
             marked = await self._write_decided(decided, put_back)
         finally:
             self.book.stale({c.bucket for c in put_back})
-            if decided.put_back:
+            if any(not is_http(c.doc) for c in decided.put_back):
                 self._broker_deferred(published, results, decided)
         self._report(decided, marked)
 

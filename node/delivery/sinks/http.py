@@ -56,6 +56,9 @@ log = structlog.get_logger(__name__)
 # The most of an answer's body read: enough for outcomes.excerpt, and an
 # endpoint answering gigabytes costs no more than this.
 BODY_READ = 4096
+# How long a call waits (no attempt spent) when its tenant's signing
+# secrets could not be read (the store's trouble, not the schedule's).
+KEYS_WAIT = 5.0
 # How long a one-line error from an exception may be.
 ERROR_CHARS = 200
 # Framing and hop-by-hop headers (RFC 9110 7.6.1): aiohttp writes them from
@@ -284,7 +287,9 @@ class HttpSink:
         except Exception as exc:
             # Our store's trouble, not the schedule's: no attempt is spent.
             log.warning("no signing secrets for a delivery", tenant=call.tenant, error=str(exc))
-            unavailable = Failed(f"signing secrets unavailable: {_line(exc)}", Trouble.DESTINATION)
+            unavailable = Failed(
+                f"signing secrets unavailable: {_line(exc)}", Trouble.DESTINATION, KEYS_WAIT
+            )
             return host, unavailable, "waited"
         if not keys:
             unsigned = Failed(f"no signing secret for tenant {call.tenant}", Trouble.REFUSED)
