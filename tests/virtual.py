@@ -216,6 +216,12 @@ class Owner:
             await self.leases.renew()
             self._renewed_at = renew_at = self.time.monotonic()
         delay = await self.poller.run_once()
+        # The HTTP calls a round started answer at once here (tasks of the
+        # loop); an answer wakes a real poller's sleep, so a round follows.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if self.poller._answers:
+            delay = 0.0
         if self.leases.held:
             delay = min(delay, renew_at + self.leases.renew_interval - self.time.monotonic())
         return max(delay, 0.0)

@@ -293,7 +293,8 @@ class BucketPoller:
             return self._broker_wait()
         now, monotonic = self.wall(), self.monotonic()
         started = time.perf_counter()
-        await self._read(self.book.reads(now, monotonic, self.poll_interval))
+        waiting = self._holds_back(broker_up, count=False)
+        await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
@@ -301,7 +302,7 @@ class BucketPoller:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
             return 0.0
-        idle = self._idle_for(now, monotonic, held_back=self._held_back)
+        idle = self._idle_for(now, monotonic, kafka=broker_up)
         return idle if broker_up else min(idle, self._broker_wait())
 
     def _broker_wait(self) -> float:
@@ -352,15 +353,17 @@ class BucketPoller:
                 pool += [d for d in extra if d["_id"] not in seen]
         return fair_share(self._takeable(pool, kafka), size)
 
-    def _idle_for(self, now: datetime, monotonic: float, *, held_back: bool = False) -> float:
+    def _idle_for(self, now: datetime, monotonic: float, *, kafka: bool = True) -> float:
         """Nothing to claim: sleep until the book's next due time or next
         read, at most a poll interval. Due work held back (a host at its
-        bound) is not a due time to wake for: an answer wakes the loop."""
+        bound, the broker down) is no time to wake at: an answer, or the
+        broker's probe, is."""
         delay = self.poll_interval
-        next_due = self.book.next_due()
-        if next_due is not None and not held_back:
+        held = self._holds_back(kafka, count=False) if self._held_back else None
+        next_due = self.book.next_due(held)
+        if next_due is not None:
             delay = min(delay, (next_due - now).total_seconds())
-        next_read = self.book.next_read()
+        next_read = self.book.next_read(now, held)
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
         return max(0.0, delay)
@@ -667,25 +670,33 @@ class BucketPoller:
         return Counter(http_host(c.doc) for c in self._calls.values())
 
     def _takeable(self, pool: list[dict[str, Any]], kafka: bool) -> list[dict[str, Any]]:
-        """Of the due ``pool``, what a round may claim: no Kafka record while
-        the broker is down, and no more calls to a host than HTTP_MAX_PER_HOST
-        at once (the rest wait in the book, unclaimed, costing nothing); the
-        rest never waits behind them."""
-        busy = self._hosts_busy()
-        takeable: list[dict[str, Any]] = []
-        for doc in pool:
-            if not is_http(doc):
-                if kafka:
-                    takeable.append(doc)
-                continue
-            if self.http is None:
-                continue
-            host = http_host(doc)
-            if busy[host] < self.http_per_host:
-                busy[host] += 1
-                takeable.append(doc)
+        """Of the due ``pool``, what a round may claim (``_holds_back``); the
+        rest wait in the book, unclaimed, costing nothing, and never hold
+        what may go."""
+        held = self._holds_back(kafka)
+        takeable = [doc for doc in pool if not held(doc)]
         self._held_back = len(takeable) < len(pool)
         return takeable
+
+    def _holds_back(self, kafka: bool, *, count: bool = True) -> Callable[[dict[str, Any]], bool]:
+        """Whether a due schedule must wait unclaimed: a Kafka record while
+        the broker is down (``kafka`` False), a call to a host that has
+        HTTP_MAX_PER_HOST calls out already (with ``count``, counting those
+        this test lets through: one test per batch)."""
+        busy = self._hosts_busy()
+
+        def held(doc: dict[str, Any]) -> bool:
+            if not is_http(doc):
+                return not kafka
+            if self.http is None:
+                return True
+            host = http_host(doc)
+            if busy[host] >= self.http_per_host:
+                return True
+            busy[host] += count
+            return False
+
+        return held
 
     async def _finish_calls(self, grace: float) -> None:
         """At stop: wait up to ``grace`` for the calls in flight and write
