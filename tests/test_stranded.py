@@ -19,7 +19,8 @@ import pytest
 
 from node.delivery.leases import LeaseManager
 from node.delivery.poller import BucketPoller
-from node.delivery.sinks.kafka import Failed, KafkaPublisher
+from node.delivery.sink import Failed
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.errors import StoreUnavailable
 from node.schedule.record import Record
 from node.store.contract import Claimed
