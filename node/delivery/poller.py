@@ -279,12 +279,15 @@ class BucketPoller:
         tokens = self.leases.usable()
         self.metrics.buckets_owned.set(len(tokens))
         gained = self.book.sync(tokens)
+        if self._answers:
+            # Before anything else, leases or none: a bucket being handed
+            # over waits for its calls to be written (quiesce), and each
+            # write is fenced by the token it was claimed under.
+            await self._settle_calls()
         if not tokens:
             return self.poll_interval
         if self._unsettled or self._unclaimed:
             await self._settle_left()
-        if self._answers:
-            await self._settle_calls()
         await self._recover(tokens, gained)
         # While the broker is down no record is claimed (what is due stays
         # PENDING, no attempt spent on an outage); HTTP calls still go.
