@@ -479,7 +479,12 @@ class BucketPoller:
         calls = [c for c in plan.publish if is_http(c.doc)]
         records = [c for c in plan.publish if not is_http(c.doc)]
         if calls:
-            await self._start_calls(calls)
+            try:
+                await self._start_calls(calls)
+            except Exception:
+                # None of the records went out, nor the calls not started.
+                self._unclaimed.extend(c for c in plan.publish if c.id not in self._calls)
+                raise
         if records:
             published, results, unread = await self._publish_records(records)
             await self._settle(published, results, unread)
