@@ -194,8 +194,11 @@ async def test_the_broker_down_holds_records_but_not_calls(
     a.publisher.down = True
     await schedules.insert(schedule("k1", time.at(0), time.wall()), time.wall())
     await a.run(1)  # the broker is found down: records wait
-    await add(schedules, time, "h1", 1)
-    await a.run_until(lambda: a.receiver.ids() == ["h1"], within=10)
+    await add(schedules, time, "h1", 1)  # no hint: found by a whole read
+    await a.run_until(lambda: a.receiver.ids() == ["h1"], within=30)
+    await add(schedules, time, "h2", 1)
+    a.poller.hint(0, time.at(time.elapsed + 1))  # as the API tells the owner
+    await a.run_until(lambda: a.receiver.ids() == ["h1", "h2"], within=3)
     k1 = await stored(schedules, "k1")
     assert k1["status"] == "PENDING" and k1["attempts"] == 0
     a.publisher.down = False
@@ -251,3 +254,22 @@ async def test_calls_are_written_while_their_bucket_is_handed_over(
     await a.run(1)
     await asyncio.wait_for(handed_over, timeout=5)  # a hang guard
     assert (await stored(schedules, "s1"))["status"] == "DELIVERED"
+
+
+async def test_work_held_back_is_not_read_again_every_refresh(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a hangs with its bound taken and 20 schedules due: for 30 s the
+    bucket is read for what lies past its view (b's, found in time), and
+    whole only every WHOLE_READ_EVERY refreshes, not every second (which
+    read a's 20 again each time: 600 documents)."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=25)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(22):
+        await add(schedules, time, f"a{n}", 0)
+    for n in range(30):
+        await add(schedules, time, f"b{n}", 1 + n, url=B)
+    await a.run(31)
+    assert sorted(a.receiver.ids()) == sorted(f"b{n}" for n in range(30))
+    read = schedules.documents_read["due"]
+    assert read < 200, read

@@ -195,6 +195,17 @@ async def test_due_work_is_read_earliest_first_without_large_payloads(store: Sto
     assert await schedules.find_due(0, NOW, 10) == []
 
 
+async def test_due_work_after_a_bound_is_read_alone(store: StoreKit) -> None:
+    """What a view that holds everything up to a bound lacks: what is due
+    after it (exclusive), up to the read's own bound."""
+    schedules = await prepared(store, 1)
+    for name, offset in (("held", -5), ("at-bound", -2), ("new", -1), ("later", 5)):
+        await schedules.insert(new(name, NOW + timedelta(seconds=offset)), NOW)
+    after = await schedules.find_due(0, NOW, 10, after=NOW - timedelta(seconds=2))
+    assert [d["_id"] for d in after] == ["new"]
+    assert [d["_id"] for d in await schedules.find_due(0, NOW, 10)] == ["held", "at-bound", "new"]
+
+
 async def test_each_tenants_oldest_due_work_is_read_for_it(store: StoreKit) -> None:
     schedules = await prepared(store, BUCKETS)
     for i in range(3):

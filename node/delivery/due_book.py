@@ -13,7 +13,17 @@ only when
 * its view is older than the refresh interval and holds nothing due yet:
   other nodes accept schedules for every bucket, and the hint they send for
   one due soon may have been lost, so a lost hint costs at most a refresh
-  interval of lateness, never a delivery.
+  interval of lateness, never a delivery;
+* its view is older than the refresh interval and all its due work is
+  held back (the poller may not claim it yet: a host at its bound, the
+  broker down), and the view holds every schedule due up to its bound: it
+  is read for what lies after that bound only, so the work held back is
+  not read again every time, and other work in the bucket is still found in
+  time (a whole read every WHOLE_READ_EVERY refreshes finds what a lost
+  hint did not tell of, due before the bound).
+  A full view whose due work is all held back is not read: the backlog
+  behind it waits until the work in front is taken (as a tenant's would,
+  but that tenants are asked for their own).
 
 Everything else costs the store nothing: a bucket with cached due work is
 served from the cache, an idle one is read once a refresh interval whatever
@@ -36,6 +46,10 @@ from node.schedule.times import aware
 
 Doc = dict[str, Any]
 
+# A view whose due work is held back is read for what lies past its bound,
+# and read whole once in this many refresh intervals (see the docstring).
+WHOLE_READ_EVERY = 10
+
 
 @dataclass(frozen=True)
 class Read:
@@ -45,6 +59,9 @@ class Read:
     token: int
     until: datetime
     limit: int
+    # Only what is due after this: the view holds everything due up to it,
+    # and what is read is added to the view rather than replacing it.
+    after: datetime | None = None
 
 
 @dataclass
@@ -54,6 +71,7 @@ class _View:
     read_at: float | None = None  # monotonic; None: read it before anything else
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
+    whole_at: float | None = None  # monotonic: the last read of everything due
 
 
 class DueBook:
@@ -109,13 +127,21 @@ class DueBook:
         reading = {bucket for bucket, _ in wanted}
         kept = sum(len(v.docs) for b, v in self._views.items() if b not in reading)
         limit = max(self.min_read, max(0, self.budget - kept) // len(wanted))
-        return [Read(bucket, view.token, until, limit) for bucket, view in wanted]
+        return [
+            Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
+            for bucket, view in wanted
+        ]
 
     def learned(self, read: Read, docs: Sequence[Doc], monotonic: float) -> None:
         """A read came back: it is the bucket's view now."""
         view = self._views.get(read.bucket)
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
+        if read.after is not None:
+            known = {d["_id"] for d in view.docs}
+            docs = [*view.docs, *(d for d in docs if d["_id"] not in known)]
+        else:
+            view.whole_at = monotonic
         view.docs = sorted(docs, key=_due)
         view.read_at = monotonic
         view.until = read.until
@@ -218,7 +244,9 @@ class DueBook:
         times = [
             float("-inf") if view.read_at is None else view.read_at + self.refresh
             for view in self._views.values()
-            if now is None or view.read_at is None or not _in_hand(view, now, held)
+            if now is None
+            or view.read_at is None
+            or not (_in_hand(view, now, held) or (view.full and _holds_due(view, now)))
         ]
         return min(times, default=None)
 
@@ -226,6 +254,24 @@ class DueBook:
         return {bucket: view.token for bucket, view in self._views.items()}
 
     # -- inside ---------------------------------------------------------------------
+
+    def _read_after(
+        self,
+        view: _View,
+        now: datetime,
+        monotonic: float,
+        held: Callable[[Doc], bool] | None,
+    ) -> datetime | None:
+        """Where a refresh of ``view`` may start: after its bound, when it
+        holds due work held back and everything up to that bound, and was
+        read whole lately (None: read it whole)."""
+        holding = held is not None and _holds_due(view, now)
+        # A view marked stale (a hint, a failed claim) is read whole.
+        if not holding or view.full or view.read_at is None or view.whole_at is None:
+            return None
+        if monotonic - view.whole_at >= WHOLE_READ_EVERY * self.refresh:
+            return None
+        return view.until
 
     def _needs_read(
         self,
@@ -238,6 +284,8 @@ class DueBook:
             return True
         if _in_hand(view, now, held):
             return False  # work in hand: deliver it first
+        if view.full and _holds_due(view, now):
+            return False  # held back, a backlog behind it: read on once it is taken
         if view.full and not view.docs:
             return True  # the backlog behind the last read
         return monotonic - view.read_at >= self.refresh
@@ -245,6 +293,10 @@ class DueBook:
 
 def _due(doc: Doc) -> datetime:
     return aware(doc["dueAt"])
+
+
+def _holds_due(view: _View, now: datetime) -> bool:
+    return any(_due(d) <= now for d in view.docs)
 
 
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:

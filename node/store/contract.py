@@ -287,10 +287,14 @@ class Schedules(Protocol):
 
     # -- the bucket owner's reads and writes ----------------------------------------
 
-    async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
+    async def find_due(
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+    ) -> list[dict[str, Any]]:
         """``bucket``'s PENDING schedules due by ``until`` (``dueAt <=
-        until``), earliest first, at most ``limit``, without their large
-        payloads (``node/schedule/payload.py``). Reads only; the claim decides."""
+        until``) and, given ``after``, due after it (``dueAt > after``: what
+        a view that holds everything up to ``after`` lacks), earliest first,
+        at most ``limit``, without their large payloads
+        (``node/schedule/payload.py``). Reads only; the claim decides."""
 
     async def oldest_due_of(
         self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int

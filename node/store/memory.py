@@ -368,8 +368,10 @@ class MemorySchedules(Faults):
         return docs
 
     @_store_call
-    async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
-        return self._oldest_due(statements.due(bucket, until), limit, "due")
+    async def find_due(
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        return self._oldest_due(statements.due(bucket, until, after), limit, "due")
 
     @_store_call
     async def oldest_due_of(

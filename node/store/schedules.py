@@ -493,14 +493,16 @@ class ScheduleStore:
     # -- the bucket owner's reads and writes ----------------------------------
 
     @store_call
-    async def find_due(self, bucket: int, until: datetime, limit: int) -> list[dict[str, Any]]:
-        """``bucket``'s PENDING schedules due by ``until``, from the earliest,
-        at most ``limit``: one range of the ``{bucket, status, dueAt}`` index,
-        so its cost is what it returns, whatever waits in the future or in
-        other buckets."""
+    async def find_due(
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """``bucket``'s PENDING schedules due by ``until`` (and after
+        ``after``), from the earliest, at most ``limit``: one range of the
+        ``{bucket, status, dueAt}`` index, so its cost is what it returns,
+        whatever waits in the future or in other buckets."""
         docs = await (
             self.schedules.find(
-                statements.due(bucket, until),
+                statements.due(bucket, until, after),
                 # A large payload stays behind: the poller fetches it at publish time.
                 WITHOUT_LARGE_PAYLOAD,
             )

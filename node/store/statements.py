@@ -64,9 +64,12 @@ def fence(operator: str, token: int, *, unfenced: bool = False) -> dict[str, Any
     return {} if unfenced else {"token": {operator: token}}
 
 
-def due(bucket: int, until: datetime) -> dict[str, Any]:
-    """``bucket``'s PENDING schedules due by ``until``."""
-    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$lte": until}}
+def due(bucket: int, until: datetime, after: datetime | None = None) -> dict[str, Any]:
+    """``bucket``'s PENDING schedules due by ``until`` (and after ``after``)."""
+    window: dict[str, Any] = {"$lte": until}
+    if after is not None:
+        window["$gt"] = after
+    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
 
 
 def pending_of(tenant: str, buckets: Iterable[int]) -> dict[str, Any]:
