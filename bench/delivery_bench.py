@@ -122,8 +122,9 @@ class Isolation:
     """The isolation run: on one node, a spread of ``count`` over ``seconds``,
     ``hung_share`` of it to host A, which holds every request ``hang``
     seconds before its 204, the rest to host B; then B's share alone, at
-    the same due times. B's lateness is judged in both (DESIGN.md "HTTP
-    delivery": a host that hangs holds only its own calls)."""
+    the same due times. B's lateness is judged in both: a host that hangs
+    holds only its own calls (the HTTP sink's per-host slots,
+    node/delivery/sinks/http.py, and the poller's ``_holds_back``)."""
 
     count: int
     seconds: float
@@ -896,7 +897,7 @@ def render(result: dict[str, Any]) -> str:
 def _table(result: dict[str, Any]) -> list[str]:
     lines = [
         f"{'system':<20} {'N':>2} {'workload':<12} {'delivered':>11} {'rec/s':>7} "
-        f"{'late p50':>8} {'p99':>7} {'max':>7} {'ops/rec':>7} {'cpu/1k':>7} "
+        f"{'late p50':>8} {'p99':>7} {'max':>7} {'ops/rec':>7} {'read/rec':>8} {'cpu/1k':>7} "
         f"{'store':>6} {'busy':>5} {'dup':>4}",
     ]
     rows = list(result["runs"])
@@ -906,10 +907,16 @@ def _table(result: dict[str, Any]) -> list[str]:
     lines += [_row(r) for r in rows]
     lines.append(
         "lateness in ms (Kafka timestamp - executeAt; scheduler-http: arrival at the receiver "
-        "- executeAt); cpu/1k = CPU s per 1,000 records per process; store = the store's CPU "
-        "s per 1,000 records; busy = the store's share of a core"
+        "- executeAt); read/rec = documents the owners' reads of due work returned per "
+        "record (1 when no read is wasted); cpu/1k = CPU s per 1,000 records per process; "
+        "store = the store's CPU s per 1,000 records; busy = the store's share of a core"
     )
     return lines
+
+
+def _read_per_record(row: dict[str, Any]) -> str:
+    read = row.get("documents_read_per_record")
+    return "-" if read is None else f"{read:.1f}"
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -920,7 +927,7 @@ def _row(r: dict[str, Any]) -> str:
         f"{r['delivered']:>5}/{r['expected']:<5} {r['records_per_s']:>7,.0f} "
         f"{bound + _ms(late['p50']):>8} {bound + _ms(late['p99']):>7} "
         f"{bound + _ms(late['max']):>7} {r['store_ops_per_record']:>7.2f} "
-        f"{r['cpu_s_per_1000']['per_process_mean']:>7.2f} "
+        f"{_read_per_record(r):>8} {r['cpu_s_per_1000']['per_process_mean']:>7.2f} "
         f"{r['cpu_s_per_1000']['store']:>6.2f} {r['busy']['store']:>5.0%} {r['duplicates']:>4}"
     )
 
@@ -990,7 +997,8 @@ def _isolation_lines(iso: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {label:<16} {r['delivered']:>5}/{r['expected']:<5} late p50 "
             f"{bound + _ms(late['p50'])} p99 {bound + _ms(late['p99'])} "
-            f"max {bound + _ms(late['max'])} ms"
+            f"max {bound + _ms(late['max'])} ms; documents read per B record "
+            f"{_read_per_record(r)}, the store {r['busy']['store']:.0%} busy"
         )
     lines.append(
         f"  B's p99 with A hanging over without A: {iso['b_p99_ratio']:.2f}x "
