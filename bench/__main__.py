@@ -37,6 +37,7 @@ from bench.report import write
 class Suite:
     measure: Callable[[bool], dict[str, Any]]
     render: Callable[[dict[str, Any]], str]
+    in_all: bool = True  # False: a part of another suite, run by name only
 
 
 def planned(
@@ -57,6 +58,12 @@ SUITES = {
     "membership": Suite(membership_bench.measure, membership_bench.render),
     "ingest": _suite(ingest_bench),
     "delivery": _suite(delivery_bench),
+    # The HTTP rows and the isolation run alone (delivery runs them too).
+    "delivery-http": Suite(
+        planned(delivery_bench.run, delivery_bench.HTTP, delivery_bench.HTTP_QUICK),
+        delivery_bench.render,
+        in_all=False,
+    ),
     "scale": _suite(scale_bench),
     "retention": _suite(retention_bench),
     "indexes": _suite(index_bench),
@@ -74,7 +81,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
-    names = list(SUITES) if args.suite == "all" else [args.suite]
+    names = [n for n, s in SUITES.items() if s.in_all] if args.suite == "all" else [args.suite]
     results: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,

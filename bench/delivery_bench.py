@@ -24,11 +24,20 @@ as the cut-off at least.
 One node on the memory store (``node/store/memory.py``) with the same
 embedded broker: the burst again, for one node's own ceiling with the store
 out of the way, set beside the embedded store's row of the same run.
+
+HTTP rows (``scheduler-http``): the same workloads POSTed to a receiver
+process (``bench/receiver.py``) that answers 204 at once; lateness is the
+request's arrival there - executeAt, and the ratios are over the Kafka rows
+of the same node count. The isolation run: on one node, a spread split
+between host A, which holds every request 30 s, and host B, then B's share
+alone; B's lateness in both, and their ratio (a host that hangs holds only
+its own calls). ``python -m bench delivery-http`` runs these alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import pickle
@@ -36,7 +45,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -44,10 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads
+from bench.destinations import Destination, Http, Kafka
+from bench.receiver import Receiver
 from bench.stack import (
     BUCKETS,
+    LOOPBACK,
     Servers,
-    TopicReader,
     cpu_of,
     documents,
     embedded_servers,
@@ -70,6 +81,7 @@ from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT
 from node.schedule.retry import DEFAULT_POLICY
 from node.schedule.times import utcnow
+from node.schedule.webhook import new_secret
 from node.store.history import Attempt, HistoryStore
 from node.store.memory import MemoryHistory, MemoryLeases, MemorySchedules
 from node.store.schedules import ScheduleStore
@@ -88,6 +100,43 @@ COUNT_BEFORE_T0 = 0.5
 COUNT_AFTER_LAST = 1.0
 # APScheduler's processes start after the load, within this (about 2 s here).
 START_ALLOWANCE = 5.0
+# Two hosts of this machine: Linux routes all of 127.0.0.0/8 to loopback, and
+# the per-host bound (HTTP_MAX_PER_HOST) counts a URL's host, not its port,
+# so two receivers on one address would share one bound.
+HOST_B = "127.0.0.1"  # the receiver of the HTTP rows, and the isolation run's B
+HOST_A = "127.0.0.2"  # the isolation run's hung host
+# The isolation run's request timeout: past A's hang, so A's calls hold their
+# slots the whole hang and are answered (204), the worst for B; at the default
+# 10 s they would time out and A's circuit would open, which relieves B.
+ISOLATION_TIMEOUT = "PT60S"
+ISOLATION_TIMEOUT_S = 60.0
+# The fewest schedules a bucket's read returns (node/delivery/due_book.py,
+# DueBook's min_read): a bucket holding this many of A's held-back
+# schedules can have its whole view filled by them, and B's work in that
+# bucket then waits behind them (a known limit of the poller).
+READ_FLOOR = 16
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The isolation run: on one node, a spread of ``count`` over ``seconds``,
+    ``hung_share`` of it to host A, which holds every request ``hang``
+    seconds before its 204, the rest to host B; then B's share alone, at
+    the same due times. B's lateness is judged in both: a host that hangs
+    holds only its own calls (the HTTP sink's per-host slots,
+    node/delivery/sinks/http.py, and the poller's ``_holds_back``)."""
+
+    count: int
+    seconds: float
+    hung_share: float
+    hang: float
+    tail: float  # longest wait for B's last delivery after the last due time
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.hung_share < 1.0:
+            raise ValueError("the hung host takes a share of the load, not none or all of it")
+        if not 0.0 < self.hang < ISOLATION_TIMEOUT_S:
+            raise ValueError(f"A hangs for less than its timeout, {ISOLATION_TIMEOUT}")
 
 
 @dataclass(frozen=True)
@@ -107,7 +156,19 @@ class Plan:
     # Which of burst, spread and steady each kind of system runs.
     workloads: tuple[str, ...] = ("burst", "spread", "steady")
     baseline_workloads: tuple[str, ...] = ("burst", "spread", "steady")
+    memory_store: bool = True  # one node's burst on the memory store
+    # The scheduler delivering by HTTP to a receiver process (bench/receiver.py),
+    # at these node counts: the rows beside its Kafka rows of the same run.
+    http_nodes: tuple[int, ...] = ()
+    http_workloads: tuple[str, ...] = ("burst", "spread")
+    isolation: Isolation | None = None
 
+
+# A spread of 2,000 over 20 s, half of it to the hung host: the store here
+# takes a few hundred schedules a second, so 100/s is a load it keeps up
+# with, and A's 1,000 held back spread over 256 buckets (a few each) stay
+# well under what fills a bucket's view (READ_FLOOR).
+ISOLATION = Isolation(count=2_000, seconds=20, hung_share=0.5, hang=30, tail=60)
 
 FULL = Plan(
     nodes=(1, 2, 3, 4),
@@ -125,8 +186,12 @@ FULL = Plan(
     # half an hour (6 series x 3 loads) to compare what burst and spread
     # already show: the scheduler's steady loads are its own capacity check.
     baseline_workloads=("burst", "spread"),
+    http_nodes=(1, 3),
+    isolation=ISOLATION,
 )
 # A smoke run: every system, the ratios computed, in about a minute and a half.
+# The HTTP rows at one node add about 20 s here; at 3 nodes 26 s more, and
+# the isolation run 25 s: those are the delivery-http suite's (HTTP_QUICK).
 QUICK = Plan(
     nodes=(1, 3),
     baseline_nodes=(1,),
@@ -142,6 +207,27 @@ QUICK = Plan(
     history_cost=False,
     workloads=("burst", "spread"),
     baseline_workloads=("burst",),
+    http_nodes=(1,),
+)
+# ``python -m bench delivery-http``: the HTTP rows and the isolation run at
+# FULL's sizes, beside the scheduler's Kafka rows at the same node counts
+# (their ratios), without the baselines and the memory store.
+HTTP = dataclasses.replace(
+    FULL,
+    nodes=FULL.http_nodes,
+    baseline_nodes=(),
+    baselines=(),
+    workloads=FULL.http_workloads,
+    history_cost=False,
+    memory_store=False,
+)
+HTTP_QUICK = dataclasses.replace(
+    QUICK,
+    nodes=QUICK.http_nodes,
+    baseline_nodes=(),
+    baselines=(),
+    memory_store=False,
+    isolation=Isolation(count=400, seconds=4, hung_share=0.5, hang=30, tail=30),
 )
 
 
@@ -154,6 +240,33 @@ def retime(docs: list[dict[str, Any]], t0: float, workload: Workload) -> list[fl
         doc["executeAt"] = doc["dueAt"] = when
         due.append(when.timestamp())
     return due
+
+
+def cpu_figures(
+    used: dict[str, list[float]], counted: int, counted_for: float, destination: str
+) -> dict[str, Any]:
+    """CPU seconds per 1,000 records counted, and the share of a core each
+    process was busy while counted, from the CPU seconds ``used`` by role
+    (``processes``, ``store`` and the ``destination``'s, one process each
+    but the first)."""
+    per_thousand = 1000 / max(counted, 1)
+    cpu = {role: [seconds * per_thousand for seconds in used[role]] for role in used}
+    return {
+        "cpu_s_per_1000": {
+            "per_process": cpu["processes"],
+            "per_process_mean": sum(cpu["processes"]) / len(cpu["processes"]),
+            "processes_total": sum(cpu["processes"]),
+            "store": cpu["store"][0],
+            destination: cpu[destination][0],
+        },
+        # Share of one core each process was busy while counted: the
+        # embedded store is one Python process, so near 1.0 it is the limit.
+        "busy": {
+            "processes": [seconds / counted_for for seconds in used["processes"]],
+            "store": used["store"][0] / counted_for,
+            destination: used[destination][0] / counted_for,
+        },
+    }
 
 
 class Runner:
@@ -176,16 +289,19 @@ class Runner:
         tail: float,
         *,
         database: str | None = None,
+        destination: Destination | None = None,
     ) -> dict[str, Any]:
         """One system, one process count, one workload, on a fresh database
-        (or on ``database``, as the caller left it, which it then drops)."""
+        (or on ``database``, as the caller left it, which it then drops),
+        delivered to ``destination`` (a topic of the run's own when None)."""
         self.sequence += 1
         run = f"r{self.sequence}-{system.name}-{processes}-{workload.name}"
         keep = database is not None
         database = database or run.replace("-", "_")
-        topic = f"bench.{run}"
+        destination = destination or Kafka(self.servers)
         print(f"  {system.name} x{processes} {workload.name} ({workload.count}) ...", flush=True)
-        docs = documents([datetime.now(UTC)] * workload.count, topic, run)
+        docs = destination.documents(run, workload.count)
+        judged = [i for i, doc in enumerate(docs) if destination.judges(doc)]
         try:
             if not system.load_first:
                 await system.start(self.servers, database, processes)
@@ -201,8 +317,8 @@ class Runner:
                 await system.start(self.servers, database, processes)
             ready_before_t0 = t0 - time.time()
             pids = {"processes": system.pids(), "store": [self.servers.mongo_pid]}
-            pids["broker"] = [self.servers.kafka_pid]
-            async with TopicReader(self.servers.bootstrap, topic) as reader:
+            pids[destination.role] = destination.pids()
+            async with destination.reader(run) as reader:
                 # Counters are read a little before T0, not at it: a system
                 # wakes at T0 and its first round would race the reading.
                 await asyncio.sleep(max(0.0, t0 - COUNT_BEFORE_T0 - time.time()))
@@ -210,7 +326,7 @@ class Runner:
                 cpu_before = {k: cpu_of(v) for k, v in pids.items()}
                 counted_from = time.time()
                 budget = t0 + workload.span + tail - time.time()
-                await reader.wait_for(workload.count, time.monotonic() + budget)
+                await reader.wait_for(len(judged), time.monotonic() + budget)
                 cutoff = time.time()
                 deliveries = list(reader.deliveries)
                 # The marks and history writes of the last records follow
@@ -227,17 +343,16 @@ class Runner:
             if not keep:
                 async with self.servers.client() as client:
                     await client.drop_database(database)
-        ids = [str(d["_id"]) for d in docs]
-        verdict = judge(ids, due, t0, deliveries, cutoff)
-        per_thousand = 1000 / max(counted, 1)
+        ids = [str(docs[i]["_id"]) for i in judged]
+        verdict = judge(ids, [due[i] for i in judged], t0, deliveries, cutoff)
         used = {
             role: [cpu_after[role][p] - cpu_before[role][p] for p in pids[role]] for role in pids
         }
-        cpu = {role: [seconds * per_thousand for seconds in used[role]] for role in pids}
         return {
             "system": system.name,
             "processes": processes,
             "workload": workload.name,
+            "destination": destination.name,
             "rate": workload.count / workload.span if workload.span else None,
             "ready_s_before_t0": ready_before_t0,
             **verdict.as_dict(),
@@ -248,20 +363,7 @@ class Runner:
             "documents_read_per_record": None if read is None else read / max(counted, 1),
             "store_ops": ops,
             "records_counted_for_costs": counted,
-            "cpu_s_per_1000": {
-                "per_process": cpu["processes"],
-                "per_process_mean": sum(cpu["processes"]) / len(cpu["processes"]),
-                "processes_total": sum(cpu["processes"]),
-                "store": cpu["store"][0],
-                "broker": cpu["broker"][0],
-            },
-            # Share of one core each process was busy while counted: the
-            # embedded store is one Python process, so near 1.0 it is the limit.
-            "busy": {
-                "processes": [seconds / counted_for for seconds in used["processes"]],
-                "store": used["store"][0] / counted_for,
-                "broker": used["broker"][0] / counted_for,
-            },
+            **cpu_figures(used, counted, counted_for, destination.role),
         }
 
     async def series(
@@ -272,13 +374,17 @@ class Runner:
         chosen: tuple[str, ...],
         tail: float,
         steady_tail: float,
+        destination: Destination | None = None,
     ) -> list[dict[str, Any]]:
         """Burst, spread, then steady loads at shares of the burst's throughput
         (those of them ``chosen``; steady needs the burst)."""
-        rows = [await self.measure(system, processes, workloads.burst(plan.burst), tail)]
+        burst = workloads.burst(plan.burst)
+        rows = [await self.measure(system, processes, burst, tail, destination=destination)]
         if "spread" in chosen:
             spread = workloads.spread(plan.spread, plan.spread_seconds)
-            rows.append(await self.measure(system, processes, spread, steady_tail))
+            rows.append(
+                await self.measure(system, processes, spread, steady_tail, destination=destination)
+            )
         capacity = rows[0]["records_per_s"]
         if "steady" not in chosen:
             return rows
@@ -287,7 +393,9 @@ class Runner:
             return rows
         for share in plan.steady_shares:
             load = workloads.steady(capacity * share, plan.steady_seconds, share)
-            rows.append(await self.measure(system, processes, load, steady_tail))
+            rows.append(
+                await self.measure(system, processes, load, steady_tail, destination=destination)
+            )
         return rows
 
 
@@ -348,6 +456,99 @@ async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, 
         "records_per_s": done / elapsed,
         "seconds_by_query": dict(seconds),
     }
+
+
+# -- HTTP delivery ------------------------------------------------------------------
+
+
+def http_scheduler() -> Scheduler:
+    """Nodes that may call this machine's receivers, and sign what they send."""
+    return Scheduler(
+        name="scheduler-http",
+        label="this scheduler, delivering by HTTP",
+        env={"HTTP_TARGETS_ALLOW": LOOPBACK, "HTTP_SIGNING_SECRET": new_secret()},
+    )
+
+
+def hung_marks(count: int, share: float) -> tuple[bool, ...]:
+    """Which of ``count`` schedules go to the hung host: ``share`` of them,
+    spread evenly through the run (the i-th when the running total of
+    ``share`` passes a whole number)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError("a share is between 0 and 1")
+    return tuple(math.floor((i + 1) * share) > math.floor(i * share) for i in range(count))
+
+
+def largest_bucket(buckets: list[int]) -> int:
+    """The most schedules any one bucket holds."""
+    return max(Counter(buckets).values(), default=0)
+
+
+def isolation_figures(
+    beside: dict[str, Any], alone: dict[str, Any], hung_buckets: list[int]
+) -> dict[str, Any]:
+    """B's lateness beside a hung A and alone, and what A's backlog was."""
+    p99_beside = figure(beside, "lateness_p99")
+    p99_alone = figure(alone, "lateness_p99")
+    largest = largest_bucket(hung_buckets)
+    return {
+        "b_beside_hung_a": beside,
+        "b_alone": alone,
+        "b_p99_ratio": ratio(p99_beside, p99_alone),
+        "b_p99_added_s": p99_beside - p99_alone,
+        "hung_a_schedules": len(hung_buckets),
+        "hung_a_largest_bucket": largest,
+        # A bucket holding READ_FLOOR of A's schedules may have had its whole
+        # view filled by them: B's lateness there is the poller's known limit.
+        "view_may_fill": largest >= READ_FLOOR,
+    }
+
+
+async def isolation_run(
+    runner: Runner, plan: Isolation, hung: Receiver, other: Receiver
+) -> dict[str, Any]:
+    """B's share beside A's (A hanging), then B's share alone."""
+    spread = workloads.spread(plan.count, plan.seconds)
+    aside = hung_marks(plan.count, plan.hung_share)
+    alone = tuple(offset for offset, a in zip(spread.offsets, aside, strict=True) if not a)
+    beside = Http(other, ISOLATION_TIMEOUT, hung, aside)
+    print(
+        f"isolation: {sum(aside)} of {plan.count} to {HOST_A}, held {plan.hang:g} s each:",
+        flush=True,
+    )
+    with_a = await runner.measure(
+        http_scheduler(), 1, Workload("spread-hung", spread.offsets), plan.tail,
+        destination=beside,
+    )  # fmt: skip
+    without_a = await runner.measure(
+        http_scheduler(), 1, Workload("spread-alone", alone), plan.tail,
+        destination=Http(other, ISOLATION_TIMEOUT),
+    )  # fmt: skip
+    return {"plan": asdict(plan), **isolation_figures(with_a, without_a, beside.aside_buckets)}
+
+
+async def http_parts(servers: Servers, runner: Runner, plan: Plan) -> dict[str, Any]:
+    """The HTTP rows (``runs``) and the isolation run, with their receivers."""
+    folder = servers.scratch / "receivers"
+    folder.mkdir(parents=True, exist_ok=True)
+    b = Receiver(HOST_B, folder / "b.log")
+    hang = plan.isolation.hang if plan.isolation else 0.0
+    a = Receiver(HOST_A, folder / "a.log", hang=hang)
+    parts: dict[str, Any] = {"runs": []}
+    try:
+        await b.start()
+        for n in plan.http_nodes:
+            print(f"this scheduler, {n} node(s), by HTTP to {b.base}:", flush=True)
+            parts["runs"] += await runner.series(
+                http_scheduler(), n, plan, plan.http_workloads, plan.tail, STEADY_TAIL, Http(b)
+            )
+        if plan.isolation is not None:
+            await a.start()
+            parts["isolation"] = await isolation_run(runner, plan.isolation, a, b)
+    finally:
+        a.stop()
+        b.stop()
+    return parts
 
 
 # -- one node on the memory store ----------------------------------------------------
@@ -543,6 +744,7 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
     memory = result.get("memory_store") or {}
     embedded = pick(rows, ours, 1, "burst")
     return {
+        "http_over_kafka": http_over_kafka(rows, result["plan"]),
         # One node's burst on the memory store over the same on the embedded
         # store, this run: what the store costs a node's ceiling.
         "memory_over_embedded_store": {
@@ -558,6 +760,22 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
             1 - one / history["records_per_s"] if history and history["records_per_s"] else None
         ),
     }
+
+
+def http_over_kafka(rows: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's HTTP rows over its Kafka rows of the same node count
+    and workload (records/s and lateness p99), where the run has both."""
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    for n in plan.get("http_nodes", ()):
+        for workload in plan.get("http_workloads", ()):
+            http = pick(rows, "scheduler-http", n, workload)
+            kafka = pick(rows, "scheduler", n, workload)
+            if http and kafka:
+                ratios.setdefault(str(n), {})[workload] = {
+                    f: ratio(figure(http, f), figure(kafka, f))
+                    for f in ("records_per_s", "lateness_p99")
+                }
+    return ratios
 
 
 def aims(result: dict[str, Any]) -> dict[str, Any]:
@@ -613,14 +831,20 @@ async def run(plan: Plan) -> dict[str, Any]:
             result["runs"] += await runner.series(
                 Scheduler(), n, plan, plan.workloads, plan.tail, STEADY_TAIL
             )
-        print("this scheduler, 1 node, on the memory store:", flush=True)
-        # Its load is a file written, not the store's inserts: leave the
-        # learned load rate as it was for the runs that follow.
-        load_rate = runner.load_rate
-        result["memory_store"] = await runner.measure(
-            MemoryStoreNode(), 1, workloads.burst(plan.burst), plan.tail
-        )
-        runner.load_rate = load_rate
+        if plan.http_nodes or plan.isolation is not None:
+            parts = await http_parts(servers, runner, plan)
+            result["runs"] += parts["runs"]
+            if "isolation" in parts:
+                result["isolation"] = parts["isolation"]
+        if plan.memory_store:
+            print("this scheduler, 1 node, on the memory store:", flush=True)
+            # Its load is a file written, not the store's inserts: leave the
+            # learned load rate as it was for the runs that follow.
+            load_rate = runner.load_rate
+            result["memory_store"] = await runner.measure(
+                MemoryStoreNode(), 1, workloads.burst(plan.burst), plan.tail
+            )
+            runner.load_rate = load_rate
         if plan.history_cost:
             print("this scheduler, 1 node, HISTORY_RETENTION=0:", flush=True)
             bare = Scheduler(name="scheduler-nohistory", env={"HISTORY_RETENTION": "0"})
@@ -640,7 +864,8 @@ async def run(plan: Plan) -> dict[str, Any]:
                     plan.baseline_steady_tail,
                 )
     result["ratios"] = compare(result)
-    result["aims"] = aims(result)
+    # The aims compare with the baselines: a run of none has none to judge.
+    result["aims"] = aims(result) if plan.baselines else {}
     return result
 
 
@@ -654,57 +879,12 @@ def render(result: dict[str, Any]) -> str:
         f"store limit, the poller's queries back to back: "
         f"{limit['with_history']['records_per_s']:,.0f} records/s with history, "
         f"{limit['without_history']['records_per_s']:,.0f} without",
-        f"{'system':<20} {'N':>2} {'workload':<10} {'delivered':>11} {'rec/s':>7} "
-        f"{'late p50':>8} {'p99':>7} {'max':>7} {'ops/rec':>7} {'cpu/1k':>7} "
-        f"{'store':>6} {'busy':>5} {'dup':>4}",
+        *_table(result),
+        *_ratio_lines(result["ratios"]),
+        *_http_lines(result),
     ]
-    rows = list(result["runs"])
-    for extra in ("memory_store", "burst_without_history"):
-        if result.get(extra):
-            rows.append(result[extra])
-    for r in rows:
-        late = r["lateness_s"]
-        bound = ">=" if r["lateness_is_lower_bound"] else ""
-        lines.append(
-            f"{r['system']:<20} {r['processes']:>2} {r['workload']:<10} "
-            f"{r['delivered']:>5}/{r['expected']:<5} {r['records_per_s']:>7,.0f} "
-            f"{bound + _ms(late['p50']):>8} {bound + _ms(late['p99']):>7} "
-            f"{bound + _ms(late['max']):>7} {r['store_ops_per_record']:>7.2f} "
-            f"{r['cpu_s_per_1000']['per_process_mean']:>7.2f} "
-            f"{r['cpu_s_per_1000']['store']:>6.2f} {r['busy']['store']:>5.0%} {r['duplicates']:>4}"
-        )
-    lines.append(
-        "lateness in ms (Kafka timestamp - executeAt); cpu/1k = CPU s per 1,000 records per "
-        "process; store = the store's CPU s per 1,000 records; busy = the store's share of a "
-        "core"
-    )
-    ratios = result["ratios"]
-    lines.append(
-        "scaling, burst rec/s over one node: "
-        + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["scaling_over_one_node"].items())
-    )
-    lines.append(
-        "burst over the store limit: "
-        + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["burst_over_store_limit"].items())
-    )
-    memory = ratios.get("memory_over_embedded_store")
-    if memory:
-        lines.append(
-            f"1 node's burst, memory store over embedded store: rec/s "
-            f"{memory['records_per_s']:.2f}x, node CPU s per 1,000 "
-            f"{memory['node_cpu_per_1000']:.2f}x"
-        )
-    if ratios["history_cost"] is not None:
-        lines.append(f"history costs {ratios['history_cost'] * 100:.0f}% of one node's burst")
-    lines.append("ours / baseline (rec/s: higher is better; p99, ops, cpu: lower is better)")
-    for baseline, by_n in ratios["ours_over_baseline"].items():
-        for n, by_workload in by_n.items():
-            for workload, f in by_workload.items():
-                lines.append(
-                    f"  vs {baseline:<12} N={n} {workload:<7} rec/s {f['records_per_s']:>7.1f}x "
-                    f" p99 {f['lateness_p99']:>7.3f}x  ops/rec {f['ops_per_record']:>6.2f}x "
-                    f" cpu/1k {f['cpu_per_1000']:>6.2f}x"
-                )
+    if result.get("isolation"):
+        lines += _isolation_lines(result["isolation"])
     for name, aim in result["aims"].items():
         sign = ">=" if aim["higher_is_better"] else "<"
         lines.append(
@@ -714,7 +894,134 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FULL", "QUICK", "Plan", "render", "run"]
+def _table(result: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{'system':<20} {'N':>2} {'workload':<12} {'delivered':>11} {'rec/s':>7} "
+        f"{'late p50':>8} {'p99':>7} {'max':>7} {'ops/rec':>7} {'read/rec':>8} {'cpu/1k':>7} "
+        f"{'store':>6} {'busy':>5} {'dup':>4}",
+    ]
+    rows = list(result["runs"])
+    for extra in ("memory_store", "burst_without_history"):
+        if result.get(extra):
+            rows.append(result[extra])
+    lines += [_row(r) for r in rows]
+    lines.append(
+        "lateness in ms (Kafka timestamp - executeAt; scheduler-http: arrival at the receiver "
+        "- executeAt); read/rec = documents the owners' reads of due work returned per "
+        "record (1 when no read is wasted); cpu/1k = CPU s per 1,000 records per process; "
+        "store = the store's CPU s per 1,000 records; busy = the store's share of a core"
+    )
+    return lines
+
+
+def _read_per_record(row: dict[str, Any]) -> str:
+    read = row.get("documents_read_per_record")
+    return "-" if read is None else f"{read:.1f}"
+
+
+def _row(r: dict[str, Any]) -> str:
+    late = r["lateness_s"]
+    bound = ">=" if r["lateness_is_lower_bound"] else ""
+    return (
+        f"{r['system']:<20} {r['processes']:>2} {r['workload']:<12} "
+        f"{r['delivered']:>5}/{r['expected']:<5} {r['records_per_s']:>7,.0f} "
+        f"{bound + _ms(late['p50']):>8} {bound + _ms(late['p99']):>7} "
+        f"{bound + _ms(late['max']):>7} {r['store_ops_per_record']:>7.2f} "
+        f"{_read_per_record(r):>8} {r['cpu_s_per_1000']['per_process_mean']:>7.2f} "
+        f"{r['cpu_s_per_1000']['store']:>6.2f} {r['busy']['store']:>5.0%} {r['duplicates']:>4}"
+    )
+
+
+def _ratio_lines(ratios: dict[str, Any]) -> list[str]:
+    lines = [
+        "scaling, burst rec/s over one node: "
+        + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["scaling_over_one_node"].items()),
+        "burst over the store limit: "
+        + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["burst_over_store_limit"].items()),
+    ]
+    memory = ratios.get("memory_over_embedded_store")
+    if memory and not math.isnan(memory["records_per_s"]):
+        lines.append(
+            f"1 node's burst, memory store over embedded store: rec/s "
+            f"{memory['records_per_s']:.2f}x, node CPU s per 1,000 "
+            f"{memory['node_cpu_per_1000']:.2f}x"
+        )
+    if ratios["history_cost"] is not None:
+        lines.append(f"history costs {ratios['history_cost'] * 100:.0f}% of one node's burst")
+    if ratios["ours_over_baseline"]:
+        lines.append("ours / baseline (rec/s: higher is better; p99, ops, cpu: lower is better)")
+    for baseline, by_n in ratios["ours_over_baseline"].items():
+        for n, by_workload in by_n.items():
+            for workload, f in by_workload.items():
+                lines.append(
+                    f"  vs {baseline:<12} N={n} {workload:<7} rec/s {f['records_per_s']:>7.1f}x "
+                    f" p99 {f['lateness_p99']:>7.3f}x  ops/rec {f['ops_per_record']:>6.2f}x "
+                    f" cpu/1k {f['cpu_per_1000']:>6.2f}x"
+                )
+    return lines
+
+
+def _http_lines(result: dict[str, Any]) -> list[str]:
+    """HTTP over Kafka, and how busy the receiver was (near a core, it was
+    the limit, not the scheduler)."""
+    lines = []
+    for n, by_workload in result["ratios"].get("http_over_kafka", {}).items():
+        for workload, f in by_workload.items():
+            nodes = "1 node" if n == "1" else f"{n} nodes"
+            lines.append(
+                f"HTTP over Kafka, {nodes} {workload}: rec/s {f['records_per_s']:.2f}x, "
+                f"p99 {f['lateness_p99']:.2f}x"
+            )
+    busy = [
+        f"N={r['processes']} {r['workload']} {r['busy']['receiver']:.0%}"
+        for r in result["runs"]
+        if r["system"] == "scheduler-http"
+    ]
+    if busy:
+        lines.append("the receiver's share of a core: " + ", ".join(busy))
+    return lines
+
+
+def _isolation_lines(iso: dict[str, Any]) -> list[str]:
+    plan = iso["plan"]
+    added = iso["b_p99_added_s"]
+    lines = [
+        f"isolation, 1 node: {plan['count']:,} due over {plan['seconds']:g} s, "
+        f"{iso['hung_a_schedules']:,} of them to A ({HOST_A}, each request held "
+        f"{plan['hang']:g} s, then 204; timeout {ISOLATION_TIMEOUT}), the rest to B ({HOST_B})",
+    ]
+    for label, key in (("B beside hung A", "b_beside_hung_a"), ("B alone", "b_alone")):
+        r = iso[key]
+        late = r["lateness_s"]
+        bound = ">=" if r["lateness_is_lower_bound"] else ""
+        lines.append(
+            f"  {label:<16} {r['delivered']:>5}/{r['expected']:<5} late p50 "
+            f"{bound + _ms(late['p50'])} p99 {bound + _ms(late['p99'])} "
+            f"max {bound + _ms(late['max'])} ms; documents read per B record "
+            f"{_read_per_record(r)}, the store {r['busy']['store']:.0%} busy"
+        )
+    lines.append(
+        f"  B's p99 with A hanging over without A: {iso['b_p99_ratio']:.2f}x "
+        f"({added * 1000:+,.0f} ms); B's p99 with A hanging: "
+        f"{_ms(figure(iso['b_beside_hung_a'], 'lateness_p99'))} ms; "
+        f"aim: A delays B by < 1 s: {'met' if added < 1.0 else 'MISSED'}"
+    )
+    largest = iso["hung_a_largest_bucket"]
+    if iso["view_may_fill"]:
+        lines.append(
+            f"  NOTE: a bucket held {largest} of A's held-back schedules, enough to fill its "
+            f"view (a read returns at least {READ_FLOOR}): B's work in it waits behind them "
+            "(the poller's known per-bucket view limit)"
+        )
+    else:
+        lines.append(
+            f"  A's held-back work: at most {largest} in one bucket (a read returns at least "
+            f"{READ_FLOOR}): no view was filled by it"
+        )
+    return lines
+
+
+__all__ = ["FULL", "HTTP", "HTTP_QUICK", "QUICK", "Isolation", "Plan", "render", "run"]
 
 if __name__ == "__main__":  # the memory store node's process (MemoryStoreNode)
     if sys.argv[1:2] != ["memory-node"] or len(sys.argv) != 4:

@@ -29,6 +29,7 @@ from pymongo import AsyncMongoClient
 from chaos.lab.stats import percentile
 from node.ops import embedded
 from node.ops.tail import topic_consumer
+from node.schedule.egress import EgressPolicy
 from node.schedule.model import Limits
 from node.schedule.parse import parse_new_schedule
 from node.schedule.times import parse_time
@@ -36,7 +37,14 @@ from node.store.documents import schedule_document
 
 HOST = "127.0.0.1"
 BUCKETS = 256
-LIMITS = Limits(max_payload_bytes=1 << 20, horizon=timedelta(days=400))
+# The bench's receivers listen on loopback: the nodes of an HTTP run are
+# told the same (HTTP_TARGETS_ALLOW), or they would refuse to call them.
+LOOPBACK = "127.0.0.0/8"
+LIMITS = Limits(
+    max_payload_bytes=1 << 20,
+    horizon=timedelta(days=400),
+    egress=EgressPolicy.parse(LOOPBACK),
+)
 # Documents per insert_many while loading a workload.
 LOAD_CHUNK = 2000
 
@@ -110,14 +118,38 @@ def embedded_servers(prefix: str) -> Iterator[Servers]:
 def documents(
     due: Sequence[datetime], topic: str, prefix: str, tenant: str = "default"
 ) -> list[dict[str, Any]]:
-    """One schedule per due time, shaped exactly as POST /v1/schedules stores it."""
+    """One schedule per due time to Kafka ``topic``, shaped exactly as POST
+    /v1/schedules stores it."""
+    return _documents(due, [{"topic": topic}] * len(due), prefix, tenant)
+
+
+def http_documents(
+    due: Sequence[datetime],
+    urls: Sequence[str],
+    prefix: str,
+    *,
+    timeout: str = "PT10S",
+    tenant: str = "default",
+) -> list[dict[str, Any]]:
+    """One schedule per due time, the i-th POSTed to ``urls[i]`` with the
+    request ``timeout`` (an ISO 8601 duration), shaped exactly as POST
+    /v1/schedules stores it."""
+    if len(urls) != len(due):
+        raise ValueError("one URL per due time")
+    targets = [{"http": {"url": url, "method": "POST", "timeout": timeout}} for url in urls]
+    return _documents(due, targets, prefix, tenant)
+
+
+def _documents(
+    due: Sequence[datetime], destinations: Sequence[dict[str, Any]], prefix: str, tenant: str
+) -> list[dict[str, Any]]:
     now = datetime.now(UTC)
     docs = []
-    for i, when in enumerate(due):
+    for i, (when, destination) in enumerate(zip(due, destinations, strict=True)):
         body = json.dumps(
             {
                 "id": f"{prefix}-{i}",
-                "topic": topic,
+                **destination,
                 "executeAt": iso(when),
                 "payload": {"n": i},
                 "tenant": tenant,

@@ -4,6 +4,7 @@ figures are the benchmarks' business, not the tests')."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import subprocess
@@ -111,6 +112,35 @@ def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None
     assert not any(math.isnan(v) for v in result["ratios"]["memory_over_embedded_store"].values())
     text = delivery_bench.render(result)
     assert "vs apscheduler" in text and "aim " in text and "memory store over embedded" in text
+
+
+@pytest.mark.slow
+def test_the_delivery_suite_delivers_by_http_and_measures_a_hung_hosts_neighbour() -> None:
+    plan = dataclasses.replace(
+        delivery_bench.HTTP_QUICK,
+        burst=60,
+        spread=30,
+        spread_seconds=2,
+        isolation=delivery_bench.Isolation(count=60, seconds=2, hung_share=0.5, hang=30, tail=30),
+    )
+    result = asyncio.run(delivery_bench.run(plan))
+    rows = {(r["system"], r["destination"], r["workload"]): r for r in result["runs"]}
+    assert set(rows) == {
+        ("scheduler", "kafka", "burst"), ("scheduler", "kafka", "spread"),
+        ("scheduler-http", "http", "burst"), ("scheduler-http", "http", "spread"),
+    }  # fmt: skip
+    for row in result["runs"]:
+        assert row["undelivered"] == 0 and row["duplicates"] == 0 and row["unexpected"] == 0, row
+    http = result["ratios"]["http_over_kafka"]["1"]
+    assert not any(math.isnan(v) for f in http.values() for v in f.values())
+    isolation = result["isolation"]
+    for key in ("b_beside_hung_a", "b_alone"):
+        # Only B's schedules are judged, and all of them arrived.
+        assert (isolation[key]["expected"], isolation[key]["undelivered"]) == (30, 0)
+    assert isolation["hung_a_schedules"] == 30 and not math.isnan(isolation["b_p99_ratio"])
+    assert result["aims"] == {}  # no baseline run: nothing to judge against
+    text = delivery_bench.render(result)
+    assert "HTTP over Kafka, 1 node burst: rec/s" in text and "B beside hung A" in text
 
 
 def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:

@@ -112,3 +112,69 @@ def test_scaling_aim_missed_when_three_nodes_do_not_scale() -> None:
     result = synthetic(scheduler_three=120)
     result["ratios"] = delivery_bench.compare(result)
     assert not delivery_bench.aims(result)["3 nodes / 1 node, burst"]["met"]
+
+
+def test_the_hung_share_is_spread_evenly_through_the_run() -> None:
+    assert delivery_bench.hung_marks(6, 0.5) == (False, True) * 3
+    marks = delivery_bench.hung_marks(100, 0.1)
+    assert sum(marks) == 10 and marks.index(True) == 9
+    assert sum(delivery_bench.hung_marks(7, 0.0)) == 0
+    assert all(delivery_bench.hung_marks(7, 1.0))
+    with pytest.raises(ValueError):
+        delivery_bench.hung_marks(3, 1.5)
+
+
+def test_an_isolation_run_takes_a_share_and_hangs_less_than_its_timeout() -> None:
+    with pytest.raises(ValueError, match="share"):
+        delivery_bench.Isolation(count=10, seconds=1, hung_share=1.0, hang=30, tail=5)
+    with pytest.raises(ValueError, match="timeout"):
+        delivery_bench.Isolation(count=10, seconds=1, hung_share=0.5, hang=60, tail=5)
+
+
+def late(p50: float, p99: float) -> dict[str, Any]:
+    return {"lateness_s": {"p50": p50, "p99": p99, "max": p99}}
+
+
+def test_isolation_figures_set_b_beside_a_hung_host_over_b_alone() -> None:
+    figures = delivery_bench.isolation_figures(late(0.02, 0.3), late(0.02, 0.2), [5, 7, 5, 9])
+    assert figures["b_p99_ratio"] == pytest.approx(1.5)
+    assert figures["b_p99_added_s"] == pytest.approx(0.1)
+    assert (figures["hung_a_schedules"], figures["hung_a_largest_bucket"]) == (4, 2)
+    assert not figures["view_may_fill"]
+    crowded = [3] * delivery_bench.READ_FLOOR + [4]
+    assert delivery_bench.isolation_figures(late(0, 1), late(0, 1), crowded)["view_may_fill"]
+    assert delivery_bench.largest_bucket([]) == 0
+
+
+def test_http_rows_are_set_over_the_kafka_rows_of_the_same_node_count() -> None:
+    result = synthetic(scheduler_three=190)
+    result["runs"] += [
+        row("scheduler-http", 1, "burst", 50, 2.0),
+        row("scheduler-http", 1, "spread", 30, 0.1),
+        row("scheduler-http", 2, "burst", 40, 1.0),  # no Kafka row at N=2: no ratio
+    ]
+    result["plan"] |= {"http_nodes": [1, 2], "http_workloads": ["burst", "spread"]}
+    ratios = delivery_bench.compare(result)["http_over_kafka"]
+    assert ratios == {
+        "1": {
+            "burst": {"records_per_s": 0.5, "lateness_p99": 2.0},
+            "spread": {"records_per_s": 1.0, "lateness_p99": pytest.approx(0.5)},
+        }
+    }
+    # The HTTP rows change none of the Kafka ratios.
+    assert delivery_bench.compare(result)["scaling_over_one_node"] == {1: 1.0, 3: 1.9}
+
+
+def test_cpu_figures_per_thousand_records_and_share_of_a_core() -> None:
+    used = {"processes": [2.0, 4.0], "store": [3.0], "receiver": [1.0]}
+    figures = delivery_bench.cpu_figures(
+        used, counted=2000, counted_for=10.0, destination="receiver"
+    )
+    assert figures["cpu_s_per_1000"] == {
+        "per_process": [1.0, 2.0],
+        "per_process_mean": 1.5,
+        "processes_total": 3.0,
+        "store": 1.5,
+        "receiver": 0.5,
+    }
+    assert figures["busy"] == {"processes": [0.2, 0.4], "store": 0.3, "receiver": 0.1}
