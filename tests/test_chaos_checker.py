@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chaos.checker import INVARIANTS, check, passed
-from chaos.history import INFO, Delivery, History, Topic, occurrence
+from chaos.history import HTTP, INFO, KAFKA, Delivery, History, Topic, occurrence
 from ring import bucket_for
 from tests.chaos_histories import Load, created, iso, topic
 
@@ -270,7 +270,14 @@ def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
     sent = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=40)
     again = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=57)
     result = check(broker_paused({"p": 125.0}), topic(later, sent, again))
-    copy = {"token": 5, "attempt": 1, "at": 125.123, "digest": "9f2c", "partition": 0}
+    copy = {
+        "token": 5,
+        "attempt": 1,
+        "at": 125.123,
+        "digest": "9f2c",
+        "partition": 0,
+        "sink": "kafka",
+    }
     assert result["duplicates_explained"] == [
         {
             "id": "p",
@@ -286,6 +293,7 @@ def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
                     "digest": "9f2c",
                     "partition": 1,
                     "offset": 3,
+                    "sink": "kafka",
                 },
             ],
         }
@@ -599,6 +607,19 @@ BREAKS: dict[str, Callable[[], tuple[History, Topic]]] = {
     "stale_claims": _breaks_stale_claims,
     "unexpected_occurrences": _breaks_unexpected_occurrences,
     "late_outside_windows": lambda: (created({"a": 100.0}), topic(Delivery("a", 1, 1, 111.0))),
+    # Switched to the receiver at 99, then a record in the topic after that.
+    "wrong_destination": lambda: (
+        Load().create("w", 100.0, sink=KAFKA).switch("w", HTTP, 102.0, 99.0).history,
+        topic(
+            Delivery("w", 1, 1, 102.1, execute_at=102.0, sink=HTTP),
+            Delivery("w", 2, 1, 102.2, execute_at=102.0),
+        ),
+    ),
+    # Given up on, and the receiver refused nothing of it.
+    "delivery_failed": lambda: (
+        Load().create("f", 100.0).failed("f").history,
+        topic(Delivery("f", 1, 1, 100.1)),
+    ),
 }
 
 

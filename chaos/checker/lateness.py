@@ -16,6 +16,7 @@ class Delay(NamedTuple):
     unit: str
     since: float  # when it was owed: its executeAt, or its resume's answer
     late: float  # seconds, its first copy after ``since`` (0 when before)
+    sink: str  # where that copy arrived
 
 
 def delays(history: History, topic: Topic) -> list[Delay]:
@@ -28,7 +29,7 @@ def delays(history: History, topic: Topic) -> list[Delay]:
         first = min(copies, key=lambda d: d.at)
         # A resumed schedule was not to go out before its resume.
         since = max(due(known, first), known.changes.resumed.get(unit, due(known, first)))
-        found.append(Delay(unit, since, max(0.0, first.at - since)))
+        found.append(Delay(unit, since, max(0.0, first.at - since), first.sink))
     return found
 
 
@@ -67,15 +68,19 @@ def late_outside_windows(history: History, topic: Topic) -> Finding:
     database or the broker down for all); it opens LATE_OUTSIDE_WINDOWS
     before the fault (a unit due earlier and that late was late before the
     fault hit). A 60 s broker cut of one node left its share a minute late,
-    and only this fails such a run."""
-    intended = facts(history).faults.intended
+    and only this fails such a run. The receiver's faults excuse the units
+    delivered by HTTP only, for as long as they last and the circuits they
+    opened take to try again; a unit delivered to the topic owes them
+    nothing."""
+    faults = facts(history).faults
     return Finding(
         "late_outside_windows",
         tuple(
             sorted(
                 d.unit
                 for d in delays(history, topic)
-                if d.late > LATE_OUTSIDE_WINDOWS and not any(w.holds(d.since) for w in intended)
+                if d.late > LATE_OUTSIDE_WINDOWS
+                and not any(w.holds(d.since) for w in faults.intended_for(d.sink))
             )
         ),
     )
