@@ -7,7 +7,7 @@ through small Protocols, so this module depends on none of those parts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -69,6 +69,13 @@ class GossipView(Protocol):
 DROP_REASONS = (
     "too_large", "truncated", "version", "mac", "address", "malformed",
     "channel", "busy", "stream_error", "partitioned",
+)  # fmt: skip
+
+# Hosts an HTTP target's series name, at most: a tenant chooses its URLs, so
+# without a bound every new host would be a new series. The rest are "other".
+MAX_HOST_LABELS = 100
+HTTP_TARGET_RESULTS = (
+    "delivered", "retry", "refused", "waited", "circuit_open", "egress_refused",
 )  # fmt: skip
 
 # The *_created series double every counter's output and no dashboard reads them.
@@ -205,6 +212,26 @@ class NodeMetrics:
             registry=r,
         )
 
+        self.http_target_requests = Counter(
+            "scheduler_http_target_requests_total",
+            "HTTP target deliveries by host and result: delivered (2xx), retry (failed, an "
+            "attempt spent: 5xx, 408, 425, 429 without Retry-After, no connection, timed out), "
+            "refused (ended: another 4xx, a 3xx, no signing secret), waited (429 or 503 with "
+            "Retry-After, or a failed probe of an open circuit: no attempt spent), "
+            "circuit_open (not sent: the host's circuit is open), egress_refused (not sent: an "
+            "address the egress policy refuses). At most 100 hosts by name, the rest as other",
+            ["host", "result"],
+            registry=r,
+        )
+        self.http_hosts = HostLabels(MAX_HOST_LABELS)
+
+    def http_target(self, host: str, result: str) -> None:
+        """Count one HTTP target delivery (``result`` one of HTTP_TARGET_RESULTS)."""
+        self.http_target_requests.labels(self.http_hosts(host), result).inc()
+
+    def watch_circuits(self, circuits: Circuits) -> None:
+        self.registry.register(CircuitCollector(circuits, self.http_hosts))
+
     def watch_membership(self, membership: GossipView) -> None:
         self.registry.register(MembershipCollector(membership))
 
@@ -222,6 +249,55 @@ class NodeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class HostLabels:
+    """The ``host`` label of a series: the host itself for the first
+    ``limit`` hosts seen, "other" for the rest (for the process's life, so
+    a host's series never changes label)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.named: set[str] = set()
+
+    def __call__(self, host: str) -> str:
+        if host in self.named:
+            return host
+        if len(self.named) < self.limit:
+            self.named.add(host)
+            return host
+        return "other"
+
+
+class Circuits(Protocol):
+    """The HTTP sink's circuit breakers (node/delivery/sinks/breaker.py)."""
+
+    def open_hosts(self) -> Iterable[str]: ...
+
+
+class CircuitCollector(Collector):
+    """Open circuits by host: 1 while a host's calls are not sent (its
+    circuit open, or its probe out), 0 for the other named hosts; "other"
+    counts the open circuits of the hosts past the label limit."""
+
+    def __init__(self, circuits: Circuits, labels: HostLabels) -> None:
+        self.circuits = circuits
+        self.labels = labels
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = GaugeMetricFamily(
+            "scheduler_http_target_circuit_open",
+            "Open circuits of HTTP target hosts: 1 while calls to the host are not sent, "
+            "else 0 (other: how many of the hosts past the first 100 are open)",
+            labels=["host"],
+        )
+        counts = dict.fromkeys(self.labels.named, 0)
+        for host in self.circuits.open_hosts():
+            label = self.labels(host)
+            counts[label] = counts.get(label, 0) + 1
+        for label, count in sorted(counts.items()):
+            family.add_metric([label], count)
+        yield family
 
 
 class LeaseCollector(Collector):

@@ -38,12 +38,14 @@ from node.delivery.leases import LeaseManager
 from node.delivery.ownership import Ownership
 from node.delivery.poller import configured_poller
 from node.delivery.reachability import Reachability, Workers, advertised
+from node.delivery.sinks.http import HttpSink
 from node.delivery.sinks.kafka import KafkaPublisher
 from node.delivery.stalls import StallMeter
 from node.errors import CannotStart, SchedulerError, StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.model import DEFAULT_TENANT, Limits
 from node.schedule.times import skew_wall_clock, utcnow
+from node.schedule.webhook import secret_key
 from node.store.boundary import DURABLE
 from node.store.contract import AttemptHistory, BucketLeases, Schedules
 from node.store.history import HistoryStore
@@ -183,6 +185,19 @@ class Node:
             idempotence=config.kafka_idempotence,
             clock=self.clock.now,
         )
+        # HTTP targets: each call resolved, checked against the egress
+        # policy and signed with its tenant's secrets (or the cluster's).
+        self.http_sink = HttpSink(
+            config.http_targets_allow,
+            self._signing_keys,
+            clock=self.clock.now,
+            max_per_host=config.http_max_per_host,
+            breaker_failures=config.http_breaker_failures,
+            breaker_cooldown=config.http_breaker_cooldown,
+            max_wait=config.http_retry_after_max,
+            ca_bundle=config.http_ca_bundle or None,
+            metrics=self.metrics,
+        )
         kept = timedelta(seconds=config.history_retention)
         cap = config.history_per_schedule
         self.history: AttemptHistory = HistoryStore(
@@ -202,6 +217,7 @@ class Node:
             history=self.history_writer,
             tenant_names=self._tenant_names,
             wall=self.clock.now,
+            http=self.http_sink,
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -269,6 +285,7 @@ class Node:
         if not await self._retry_until_ready("broker", self.publisher.start, stopping):
             return False
         self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
+        await self.http_sink.start()
         self._runner = web.AppRunner(
             build_app(self),
             access_log=None,
@@ -410,6 +427,16 @@ class Node:
         registered = await self.directory.names()
         return [*{DEFAULT_TENANT, *registered, *self.admission.tenants_seen()}]  # the poller sorts
 
+    async def _signing_keys(self, tenant: str) -> list[bytes]:
+        """The keys an HTTP delivery of ``tenant`` is signed with, newest
+        first: its own secrets (two during a rotation), else the cluster's
+        HTTP_SIGNING_SECRET; none, and the delivery is refused."""
+        policy = await self.directory.policy(tenant)
+        secrets = policy.signing_secrets or (
+            (self.config.http_signing_secret,) if self.config.http_signing_secret else ()
+        )
+        return [secret_key(secret) for secret in secrets]
+
     def members(self) -> list[MemberView]:
         return self.membership.members() if self.membership is not None else []
 
@@ -526,6 +553,7 @@ class Node:
         if self.history_writer is not None:
             await self.history_writer.close()
         await self.publisher.stop()
+        await self.http_sink.stop()
         await self.client.close()
         await self.api_client.close()
         for task in (self._stall_task, self._clock_task):

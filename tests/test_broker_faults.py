@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.process import Node

@@ -306,7 +306,7 @@ async def test_list_prints_a_table_and_how_to_go_on(stub: Stub) -> None:
     code, out = await ctl(stub.url, "list", "--limit", "1", "--counts", "--after", "c0")
     assert code == 0
     header, row, total, counts = out.splitlines()
-    assert header.split() == ["id", "status", "due", "version", "topic", "labels"]
+    assert header.split() == ["id", "status", "due", "version", "destination", "labels"]
     assert row.split() == ["a", "PENDING", "2030-01-01T00:00:00.000Z", "1", "t", "team=a"]
     assert total == "1 schedule(s); more: --after c1"
     assert counts == "counts: PENDING 1, PAUSED 2"

@@ -11,7 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from node.delivery.sinks.kafka import Failed, KafkaPublisher
+from node.delivery.sink import Failed, Trouble
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.process import Node
 from node.schedule.record import Record
@@ -213,7 +214,9 @@ class FailingPublisher(KafkaPublisher):
             attempt = int(headers["attempt"])
             if record.topic == self.topic and attempt <= self.failures.get(schedule_id, 0):
                 # The record's own fault (say, too large): it spends an attempt.
-                results[i] = Failed(f"MessageSizeTooLargeError: injected failure {attempt}", False)
+                results[i] = Failed(
+                    f"MessageSizeTooLargeError: injected failure {attempt}", Trouble.RETRY
+                )
             else:
                 passed.append(i)
         sent = await self.inner.publish([records[i] for i in passed])

@@ -266,9 +266,11 @@ async def test_every_documented_list_filter_and_cancel_field_is_taken(
     examples = {
         "tenant": "default", "status": "PENDING", "limit": "1", "label": "team=a",
         "topic": "doc-filters", "key": "k", "counts": "true", "view": "full", **window,
+        "destination": "kafka",
     }  # fmt: skip
     parameters = document()["paths"]["/v1/schedules"]["get"]["parameters"]
-    assert {p["name"] for p in parameters} == {*examples, "after"}
+    # host: an http target's (tests/test_http_targets.py lists by it).
+    assert {p["name"] for p in parameters} == {*examples, "after", "host"}
     status, first = await node.request("GET", "/v1/schedules", params=examples)
     assert status == 200 and len(first["schedules"]) == 1 and first["next"], first
     assert first["counts"]["PENDING"] == 2

@@ -66,6 +66,7 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
         "by_tenant_label",
         "by_tenant_key",
         "by_tenant_topic",
+        "by_tenant_host",
         "by_tenant_due",
         "expire",
     }

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.schedule.record import Record

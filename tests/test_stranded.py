@@ -19,7 +19,8 @@ import pytest
 
 from node.delivery.leases import LeaseManager
 from node.delivery.poller import BucketPoller
-from node.delivery.sinks.kafka import Failed, KafkaPublisher
+from node.delivery.sink import Failed, Trouble
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.errors import StoreUnavailable
 from node.schedule.record import Record
 from node.store.contract import Claimed
@@ -43,7 +44,7 @@ class HalfTaken(KafkaPublisher):
             return await self.inner.publish(records)
         taken = await self.inner.publish(records[::2])
         results: list[Failed | None] = [
-            Failed("KafkaConnectionError: broker went away", broker=True)
+            Failed("KafkaConnectionError: broker went away", Trouble.DESTINATION)
         ] * len(records)
         results[::2] = taken
         return results

@@ -584,7 +584,12 @@ async def test_another_tenant_s_schedule_is_not_found_by_any_verb(
     [
         ("PATCH", "/v1/schedules/b", {}, {}, 400, None),
         ("PATCH", "/v1/schedules/b", [], {}, 400, None),
-        ("PATCH", "/v1/schedules/b", {"topic": "other"}, {}, 400, "topic"),
+        ("PATCH", "/v1/schedules/b", {"topic": "bad topic"}, {}, 400, "topic"),
+        ("PATCH", "/v1/schedules/b", {"topic": "t", "http": {"url": "https://x.example/"}}, {},
+         400, "topic"),
+        ("PATCH", "/v1/schedules/b", {"http": {"url": "http://10.0.0.1/"}}, {}, 400, "http.url"),
+        ("PATCH", "/v1/schedules/b", {"http": {"url": "https://x.example/", "timeout": "PT61S"}},
+         {}, 400, "http.timeout"),
         ("PATCH", "/v1/schedules/b", {"id": "c"}, {}, 400, "id"),
         ("PATCH", "/v1/schedules/b", {"executeAt": None}, {}, 400, "executeAt"),
         ("PATCH", "/v1/schedules/b", {"executeAt": "yesterday"}, {}, 400, "executeAt"),

@@ -7,21 +7,24 @@ virtual minutes runs in milliseconds (trio's MockClock; STYLE.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.poller import BucketPoller
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.metrics import NodeMetrics
 from node.schedule.model import Limits, NewSchedule
 from node.schedule.parse import parse_new_schedule
 from node.schedule.record import Record
 from node.schedule.retry import RetryPolicy
+from node.schedule.webhook import HttpCall
 from node.store.memory import MemoryLeases, MemorySchedules
 
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -100,12 +103,51 @@ class RecordingPublisher:
         return [header(r, "schedule-id") for r in self.records if topic is None or r.topic == topic]
 
 
+class RecordingReceiver:
+    """HTTP endpoints that take calls into a list (a twin of the HTTP sink:
+    what it returns is what the sink would, ``outcomes.http_result``
+    included). ``answers``: host -> what its next calls get (a Failed, or a
+    callable of the call for one), taken in turn, then delivered; ``hang``:
+    hosts whose calls wait until ``release`` (an endpoint that never answers)."""
+
+    def __init__(self, time: VirtualTime) -> None:
+        self.time = time
+        self.calls: list[HttpCall] = []  # every call made
+        self.delivered: list[HttpCall] = []
+        self.answers: dict[str, list[Failed]] = {}
+        self.hang: dict[str, asyncio.Event] = {}
+        self.waiting: dict[str, int] = {}
+
+    async def publish(self, calls: Sequence[HttpCall]) -> list[Failed | None]:
+        return [await self._one(call) for call in calls]
+
+    async def _one(self, call: HttpCall) -> Failed | None:
+        self.calls.append(call)
+        host = urlsplit(call.url).hostname or ""
+        if host in self.hang:
+            self.waiting[host] = self.waiting.get(host, 0) + 1
+            await self.hang[host].wait()
+            self.waiting[host] -= 1
+        queued = self.answers.get(host)
+        if queued:
+            return queued.pop(0)
+        self.delivered.append(call)
+        return None
+
+    def release(self, host: str) -> None:
+        self.hang.pop(host).set()
+
+    def ids(self) -> list[str]:
+        return [call.header("schedule-id") or "" for call in self.delivered]
+
+
 def header(record: Record, name: str) -> str:
     return dict(record.headers)[name].decode()
 
 
 def schedule(schedule_id: str, at: datetime, now: datetime, **fields: Any) -> NewSchedule:
-    body: dict[str, Any] = {"id": schedule_id, "topic": "t", "payload": schedule_id, **fields}
+    destination = {} if "http" in fields else {"topic": "t"}
+    body: dict[str, Any] = {"id": schedule_id, **destination, "payload": schedule_id, **fields}
     if "recurrence" not in fields:
         body["executeAt"] = at.isoformat()
     return parse_new_schedule(json.dumps(body).encode(), LIMITS, now)
@@ -127,12 +169,16 @@ class Owner:
         poll_interval: float = 1.0,
         retry: RetryPolicy = RETRY,
         dead_letter_topic: str = "",
+        dead_letter_url: str = "",
         tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
+        http_per_host: int = 16,
+        outage_bound: timedelta = timedelta(days=1),
     ) -> None:
         self.name = name
         self.time = time
         self.leases = LeaseManager(leases.of(name), ttl, monotonic=time.monotonic)
         self.publisher = RecordingPublisher(time)
+        self.receiver = RecordingReceiver(time)
         self.metrics = NodeMetrics()
         self.poller = BucketPoller(
             store,
@@ -142,8 +188,11 @@ class Owner:
             node_id=name,
             batch_size=batch_size,
             poll_interval=poll_interval,
-            rules=Rules(retry, timedelta(seconds=60), random.Random(7)),
+            rules=Rules(retry, timedelta(seconds=60), random.Random(7), outage_bound),
             dead_letter_topic=dead_letter_topic,
+            dead_letter_url=dead_letter_url,
+            http=self.receiver,
+            http_per_host=http_per_host,
             tenant_names=tenant_names,
             wall=time.wall,
             monotonic=time.monotonic,
@@ -167,6 +216,12 @@ class Owner:
             await self.leases.renew()
             self._renewed_at = renew_at = self.time.monotonic()
         delay = await self.poller.run_once()
+        # The HTTP calls a round started answer at once here (tasks of the
+        # loop); an answer wakes a real poller's sleep, so a round follows.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if self.poller._answers:
+            delay = 0.0
         if self.leases.held:
             delay = min(delay, renew_at + self.leases.renew_interval - self.time.monotonic())
         return max(delay, 0.0)

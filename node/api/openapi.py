@@ -12,6 +12,8 @@ from typing import Any
 from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
 from node.api.counting import COUNT_LIMIT, COUNTS_CACHE_SECONDS
 from node.api.schedules import MAX_PAGE_PAYLOAD_BYTES
+from node.schedule.destination import MAX_HTTP_HEADERS, METHODS
+from node.schedule.egress import MAX_URL_LENGTH
 from node.schedule.model import (
     HEADER_NAME,
     ID_PATTERN,
@@ -288,11 +290,46 @@ SCHEMAS: dict[str, Any] = {
             "attempt": {"type": "integer"},
             "outcome": {
                 "type": "string",
-                "enum": ["delivered", "retrying", "failed", "skipped", "expired"],
+                "enum": ["delivered", "retrying", "failed", "skipped", "expired", "deferred"],
+                "description": "deferred: the destination asked to wait (Retry-After, an "
+                "open circuit); no attempt spent",
             },
             "node": {"type": "string"},
             "token": {"type": "integer", "description": "the lease's fencing token"},
             "error": {"type": ["string", "null"]},
+        },
+    },
+    "HttpTarget": {
+        "type": "object",
+        "description": "Deliver by an HTTP request instead of a Kafka record: the payload "
+        "as the body, the scheduler's headers (schedule-id, execute-at, fence-token, "
+        "attempt, tenant, content-type) and Standard Webhooks signing (webhook-id, "
+        "webhook-timestamp, webhook-signature; fence-signature over the fence header "
+        "set). 2xx is delivered; 429 or 503 with Retry-After waits without spending an "
+        "attempt; 408, 425, 429, 5xx, connection errors and timeouts retry; other 4xx "
+        "fail at once. Redirects are not followed. The URL may not reach loopback, "
+        "private, link-local or other non-public addresses unless HTTP_TARGETS_ALLOW "
+        "names the range (checked here on what the URL shows, and on the resolved "
+        "address at every attempt).",
+        "required": ["url"],
+        "additionalProperties": False,
+        "properties": {
+            "url": {
+                "type": "string",
+                "maxLength": MAX_URL_LENGTH,
+                "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^@\\s]+$",
+                "description": "http or https; no user name or password, no fragment",
+            },
+            "method": {"type": "string", "enum": list(METHODS), "default": "POST"},
+            "headers": {
+                "type": "object",
+                "maxProperties": MAX_HTTP_HEADERS,
+                "additionalProperties": {"type": "string", "pattern": "^[\\x20-\\x7e\\t]*$"},
+                "description": "sent with the request; names are HTTP tokens, and none "
+                "the scheduler sets (schedule-id, webhook-*, content-type...) or the "
+                "connection owns (host, content-length...)",
+            },
+            "timeout": {**_DURATION, "default": "PT10S", "description": "at most PT60S"},
         },
     },
     "NewSchedule": {
@@ -300,8 +337,8 @@ SCHEMAS: dict[str, Any] = {
         "description": "Every string must be valid Unicode (a lone surrogate escape such as "
         f"\\ud800 is a 400 naming the field) and the body nests at most {MAX_DEPTH} levels "
         "of arrays and objects.",
-        "required": ["topic"],
         "allOf": [
+            {"oneOf": [{"required": ["topic"]}, {"required": ["http"]}]},
             {"oneOf": [{"required": ["executeAt"]}, {"required": ["recurrence"]}]},
             {"oneOf": [{"required": ["payload"]}, {"required": ["payloadBase64"]}]},
             {"not": {"required": ["recurrence", "expireAfter"]}},
@@ -313,7 +350,8 @@ SCHEMAS: dict[str, Any] = {
                 "pattern": ID_PATTERN.pattern,
                 "description": "idempotency key; the server assigns one when absent",
             },
-            "topic": {**_TOPIC, "description": "Kafka topic"},
+            "topic": {**_TOPIC, "description": "Kafka topic (or http)"},
+            "http": _ref("HttpTarget"),
             "executeAt": {"type": "string", "format": "date-time"},
             "recurrence": _ref("Recurrence"),
             "retry": _ref("RetryPolicy"),
@@ -325,7 +363,10 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Kafka record key (default: the id); at most 1024 bytes "
                 "as UTF-8, no NUL",
             },
-            "headers": _HEADERS,
+            "headers": {
+                **_HEADERS,
+                "description": "Kafka record headers (an http target's go in http.headers)",
+            },
             "labels": _LABELS,
             "expireAfter": _EXPIRE_AFTER,
             "tenant": {**_TENANT_NAME, "default": "default"},
@@ -337,17 +378,20 @@ SCHEMAS: dict[str, Any] = {
         "retry and expireAfter (no other field takes null). executeAt on a recurring "
         "schedule makes it a one-shot at that time, recurrence on a one-shot makes it "
         "recurring; a new executeAt starts it afresh (attempts 0). expireAfter on a "
-        "recurring schedule (or with recurrence) is a 400. The id, tenant and topic "
-        "cannot change.",
+        "recurring schedule (or with recurrence) is a 400. topic or http switches the "
+        "destination (the other is dropped). The id and tenant cannot change.",
         "minProperties": 1,
         "additionalProperties": False,
         "not": {
             "anyOf": [
                 {"required": ["executeAt", "recurrence"]},
                 {"required": ["payload", "payloadBase64"]},
+                {"required": ["topic", "http"]},
             ]
         },
         "properties": {
+            "topic": _TOPIC,
+            "http": _ref("HttpTarget"),
             "executeAt": _TIME,
             "recurrence": _ref("Recurrence"),
             "payload": {
@@ -386,7 +430,6 @@ SCHEMAS: dict[str, Any] = {
         "required": [
             "id",
             "tenant",
-            "topic",
             "executeAt",
             "bucket",
             "status",
@@ -397,7 +440,8 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": {"type": "string"},
             "tenant": {"type": "string"},
-            "topic": {"type": "string"},
+            "topic": {"type": "string", "description": "the Kafka destination, or http"},
+            "http": _ref("HttpTarget"),
             "executeAt": {"type": "string", "format": "date-time"},
             "bucket": {"type": "integer"},
             "status": {
@@ -508,7 +552,8 @@ SCHEMAS: dict[str, Any] = {
 PATHS: dict[str, Any] = {
     "/v1/schedules": {
         "post": {
-            "summary": "Schedule a message for delivery to a Kafka topic at executeAt",
+            "summary": "Schedule a message for delivery to a Kafka topic or an HTTP endpoint "
+            "at executeAt",
             "requestBody": _body(_ref("NewSchedule")),
             "responses": {
                 "201": _json(_ref("Schedule"), "Stored, journaled on a majority"),
@@ -561,6 +606,19 @@ PATHS: dict[str, Any] = {
                     "description": "name=value, repeatable: schedules with every one",
                 },
                 {"name": "topic", "in": "query", "schema": _TOPIC},
+                {
+                    "name": "destination",
+                    "in": "query",
+                    "schema": {"type": "string", "enum": ["kafka", "http"]},
+                    "description": "only schedules to Kafka, or to http targets (applied "
+                    "within the range the other filters read)",
+                },
+                {
+                    "name": "host",
+                    "in": "query",
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "description": "only http targets on this host (lower case)",
+                },
                 {
                     "name": "key",
                     "in": "query",
@@ -989,7 +1047,8 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
         "info": {
             "title": "bucket-scheduler",
             "version": version,
-            "description": "Deliver a message to a Kafka topic at a given time. Any node "
+            "description": "Deliver a message to a Kafka topic or an HTTP endpoint at a "
+            "given time. Any node "
             'accepts any call. Errors: {"error": {"code", "message", "field"}}; '
             "the 404, 405 and 413 of the HTTP server itself use the same shape, and so "
             "does a 500 (code internal: a fault of the node's, never of the request). "

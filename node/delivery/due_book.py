@@ -27,7 +27,7 @@ times, monotonic seconds for when a read happened).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -84,15 +84,23 @@ class DueBook:
 
     # -- what to read, and what was read -------------------------------------------
 
-    def reads(self, now: datetime, monotonic: float, lookahead: float) -> list[Read]:
+    def reads(
+        self,
+        now: datetime,
+        monotonic: float,
+        lookahead: float,
+        held: Callable[[Doc], bool] | None = None,
+    ) -> list[Read]:
         """The buckets this round must read (see the module docstring).
         ``lookahead`` must be at least the refresh interval: a schedule due
-        after a view's bound is then read by a refresh before it is due."""
+        after a view's bound is then read by a refresh before it is due.
+        ``held``: due work the poller may not claim yet (it is not work in
+        hand: its bucket is refreshed as if idle)."""
         until = now + timedelta(seconds=lookahead)
         wanted = [
             (bucket, view)
             for bucket, view in sorted(self._views.items())
-            if self._needs_read(view, now, monotonic)
+            if self._needs_read(view, now, monotonic, held)
         ]
         if not wanted:
             return []
@@ -188,16 +196,29 @@ class DueBook:
             default=None,
         )
 
-    def next_due(self) -> datetime | None:
-        """The earliest cached due time."""
-        return min((_due(view.docs[0]) for view in self._views.values() if view.docs), default=None)
+    def next_due(self, held: Callable[[Doc], bool] | None = None) -> datetime | None:
+        """The earliest cached due time (of what is not ``held`` back: due
+        work the poller may not claim yet, which an event wakes it for)."""
+        if held is None:
+            return min(
+                (_due(view.docs[0]) for view in self._views.values() if view.docs), default=None
+            )
+        return min(
+            (_due(d) for view in self._views.values() for d in view.docs if not held(d)),
+            default=None,
+        )
 
-    def next_read(self) -> float | None:
+    def next_read(
+        self, now: datetime | None = None, held: Callable[[Doc], bool] | None = None
+    ) -> float | None:
         """The monotonic time the next refresh of an idle bucket falls due
-        (a missing view: now, that is the earliest time there is)."""
+        (a missing view: now, that is the earliest time there is). Given
+        ``now``, a view with due work in hand (not ``held``) is not idle: it
+        is read again once that work is taken."""
         times = [
             float("-inf") if view.read_at is None else view.read_at + self.refresh
             for view in self._views.values()
+            if now is None or view.read_at is None or not _in_hand(view, now, held)
         ]
         return min(times, default=None)
 
@@ -206,10 +227,16 @@ class DueBook:
 
     # -- inside ---------------------------------------------------------------------
 
-    def _needs_read(self, view: _View, now: datetime, monotonic: float) -> bool:
+    def _needs_read(
+        self,
+        view: _View,
+        now: datetime,
+        monotonic: float,
+        held: Callable[[Doc], bool] | None = None,
+    ) -> bool:
         if view.read_at is None:
             return True
-        if any(_due(d) <= now for d in view.docs):
+        if _in_hand(view, now, held):
             return False  # work in hand: deliver it first
         if view.full and not view.docs:
             return True  # the backlog behind the last read
@@ -218,3 +245,8 @@ class DueBook:
 
 def _due(doc: Doc) -> datetime:
     return aware(doc["dueAt"])
+
+
+def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
+    """Whether a view holds due work the poller may claim now."""
+    return any(_due(d) <= now and (held is None or not held(d)) for d in view.docs)

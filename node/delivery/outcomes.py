@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.schedule.changes import is_expired
 from node.schedule.model import Status
 from node.schedule.recurrence import Recurrence

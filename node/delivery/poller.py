@@ -52,7 +52,7 @@ from node.delivery.fairness import by_due, fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
-from node.delivery.sinks.contract import Failed, Sink, Trouble
+from node.delivery.sink import Failed, Sink, Trouble
 from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
 from node.delivery.sinks.router import Router, dead_letter_item
 from node.errors import SchedulerError
@@ -147,7 +147,6 @@ class BucketPoller:
         self.dead_letter_url = dead_letter_url
         self.http = http
         self.http_per_host = http_per_host
-        self._router = Router(publisher, http)
         # HTTP calls started and not yet written, by id; the answers in since
         # the last round; the tasks still waiting for one.
         self._calls: dict[str, Claimed] = {}
@@ -294,7 +293,8 @@ class BucketPoller:
             return self._broker_wait()
         now, monotonic = self.wall(), self.monotonic()
         started = time.perf_counter()
-        await self._read(self.book.reads(now, monotonic, self.poll_interval))
+        waiting = self._holds_back(broker_up, count=False)
+        await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
@@ -302,7 +302,7 @@ class BucketPoller:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
             return 0.0
-        idle = self._idle_for(now, monotonic, held_back=self._held_back)
+        idle = self._idle_for(now, monotonic, kafka=broker_up)
         return idle if broker_up else min(idle, self._broker_wait())
 
     def _broker_wait(self) -> float:
@@ -353,15 +353,17 @@ class BucketPoller:
                 pool += [d for d in extra if d["_id"] not in seen]
         return fair_share(self._takeable(pool, kafka), size)
 
-    def _idle_for(self, now: datetime, monotonic: float, *, held_back: bool = False) -> float:
+    def _idle_for(self, now: datetime, monotonic: float, *, kafka: bool = True) -> float:
         """Nothing to claim: sleep until the book's next due time or next
         read, at most a poll interval. Due work held back (a host at its
-        bound) is not a due time to wake for: an answer wakes the loop."""
+        bound, the broker down) is no time to wake at: an answer, or the
+        broker's probe, is."""
         delay = self.poll_interval
-        next_due = self.book.next_due()
-        if next_due is not None and not held_back:
+        held = self._holds_back(kafka, count=False) if self._held_back else None
+        next_due = self.book.next_due(held)
+        if next_due is not None:
             delay = min(delay, (next_due - now).total_seconds())
-        next_read = self.book.next_read()
+        next_read = self.book.next_read(now, held)
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
         return max(0.0, delay)
@@ -553,7 +555,7 @@ class BucketPoller:
             marked = await self._write_decided(decided, put_back)
         finally:
             self.book.stale({c.bucket for c in put_back})
-            if decided.put_back:
+            if any(not is_http(c.doc) for c in decided.put_back):
                 self._broker_deferred(published, results, decided)
         self._report(decided, marked)
 
@@ -668,25 +670,33 @@ class BucketPoller:
         return Counter(http_host(c.doc) for c in self._calls.values())
 
     def _takeable(self, pool: list[dict[str, Any]], kafka: bool) -> list[dict[str, Any]]:
-        """Of the due ``pool``, what a round may claim: no Kafka record while
-        the broker is down, and no more calls to a host than HTTP_MAX_PER_HOST
-        at once (the rest wait in the book, unclaimed, costing nothing); the
-        rest never waits behind them."""
-        busy = self._hosts_busy()
-        takeable: list[dict[str, Any]] = []
-        for doc in pool:
-            if not is_http(doc):
-                if kafka:
-                    takeable.append(doc)
-                continue
-            if self.http is None:
-                continue
-            host = http_host(doc)
-            if busy[host] < self.http_per_host:
-                busy[host] += 1
-                takeable.append(doc)
+        """Of the due ``pool``, what a round may claim (``_holds_back``); the
+        rest wait in the book, unclaimed, costing nothing, and never hold
+        what may go."""
+        held = self._holds_back(kafka)
+        takeable = [doc for doc in pool if not held(doc)]
         self._held_back = len(takeable) < len(pool)
         return takeable
+
+    def _holds_back(self, kafka: bool, *, count: bool = True) -> Callable[[dict[str, Any]], bool]:
+        """Whether a due schedule must wait unclaimed: a Kafka record while
+        the broker is down (``kafka`` False), a call to a host that has
+        HTTP_MAX_PER_HOST calls out already (with ``count``, counting those
+        this test lets through: one test per batch)."""
+        busy = self._hosts_busy()
+
+        def held(doc: dict[str, Any]) -> bool:
+            if not is_http(doc):
+                return not kafka
+            if self.http is None:
+                return True
+            host = http_host(doc)
+            if busy[host] >= self.http_per_host:
+                return True
+            busy[host] += count
+            return False
+
+        return held
 
     async def _finish_calls(self, grace: float) -> None:
         """At stop: wait up to ``grace`` for the calls in flight and write
@@ -824,6 +834,11 @@ class BucketPoller:
         self._broker_retry_at, self._broker_backoff = None, 0.0
         self.metrics.broker_available.set(1)
         return True
+
+    @property
+    def _router(self) -> Router:
+        # Made on use: tests put a twin in place of the publisher.
+        return Router(self.publisher, self.http)
 
     @property
     def _dead_letters(self) -> bool:

@@ -4,8 +4,10 @@
     python -m node ctl owners [--bucket N]           # bucket -> lease holder, token
     python -m node ctl schedule TOPIC --in 30 --payload '{"order": 42}' [--key K] [--id ID]
                                       [--label NAME=VALUE ...]
+    python -m node ctl schedule --http https://hooks.example.com/x --in 30 [--method PUT] ...
     python -m node ctl get ID
-    python -m node ctl list [--status S] [--label NAME=VALUE ...] [--topic T] [--key K]
+    python -m node ctl list [--status S] [--label NAME=VALUE ...] [--topic T] [--host H]
+                            [--destination kafka|http] [--key K]
                             [--counts] [--limit N] [--after CURSOR] [--json]
     python -m node ctl reschedule ID (--at T | --in SECONDS) [--if-match VERSION]
     python -m node ctl pause ID | resume ID | trigger ID | retry ID  [--if-match VERSION]
@@ -99,8 +101,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     owners = commands.add_parser("owners", help="bucket -> lease holder and token")
     owners.add_argument("--bucket", type=int, default=None, help="only this bucket")
 
-    schedule = commands.add_parser("schedule", help="schedule a message")
-    schedule.add_argument("topic")
+    schedule = commands.add_parser(
+        "schedule", help="schedule a message to a Kafka topic, or an HTTP call with --http"
+    )
+    schedule.add_argument("topic", nargs="?", default=None, help="Kafka topic (or --http)")
+    schedule.add_argument(
+        "--http", default=None, metavar="URL", help="deliver by an HTTP call to this URL"
+    )
+    schedule.add_argument(
+        "--method", default=None, choices=("POST", "PUT", "PATCH"), help="with --http"
+    )
     _add_when(schedule)
     schedule.add_argument("--payload", default="null", help="JSON payload (default null)")
     schedule.add_argument("--key", default=None, help="Kafka record key")
@@ -120,6 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--status", default=None, help="PENDING, PAUSED, IN_FLIGHT, ...")
     _add_label_option(listing, "only schedules with this label (repeatable: all of them)")
     listing.add_argument("--topic", default=None, help="only schedules to this topic")
+    listing.add_argument("--host", default=None, help="only HTTP targets on this host")
+    listing.add_argument(
+        "--destination", default=None, choices=("kafka", "http"), help="only this kind"
+    )
     listing.add_argument("--key", default=None, help="only schedules with this record key")
     listing.add_argument(
         "--counts", action="store_true", help="also count them per status (ignoring --status)"
@@ -279,7 +293,13 @@ def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--payload is not JSON: {exc}") from None
-    body: dict[str, Any] = {"topic": args.topic, "executeAt": execute_at(args), "payload": payload}
+    if (args.topic is None) == (args.http is None):
+        raise ValueError("name a topic or --http URL (one of them)")
+    body: dict[str, Any] = {"executeAt": execute_at(args), "payload": payload}
+    if args.http is not None:
+        body["http"] = {"url": args.http, **({"method": args.method} if args.method else {})}
+    else:
+        body["topic"] = args.topic
     if args.key is not None:
         body["key"] = args.key
     if args.id is not None:
@@ -323,7 +343,14 @@ def cancel_matching(client: Client, body: dict[str, Any]) -> dict[str, int]:
 
 def list_schedules(client: Client, args: argparse.Namespace, out: TextIO) -> None:
     query: list[tuple[str, str]] = [("label", f"{name}={value}") for name, value in args.labels]
-    for name, value in (("status", args.status), ("topic", args.topic), ("key", args.key)):
+    filters = (
+        ("status", args.status),
+        ("topic", args.topic),
+        ("host", args.host),
+        ("destination", args.destination),
+        ("key", args.key),
+    )
+    for name, value in filters:
         if value is not None:
             query.append((name, value))
     schedules: list[dict[str, Any]] = []
@@ -393,14 +420,14 @@ def print_json(body: Any, out: TextIO) -> None:
 
 def print_listing(answer: dict[str, Any], out: TextIO) -> None:
     """One schedule a line, then how many, whether more match, and the counts."""
-    header = ("id", "status", "due", "version", "topic", "labels")
+    header = ("id", "status", "due", "version", "destination", "labels")
     rows = [
         (
             s["id"],
             s["status"],
             s.get("nextExecuteAt") or s["executeAt"],
             str(s.get("version", "-")),
-            s["topic"],
+            s["http"]["url"] if "http" in s else s["topic"],
             ",".join(f"{k}={v}" for k, v in sorted((s.get("labels") or {}).items())) or "-",
         )
         for s in answer["schedules"]

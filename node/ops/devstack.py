@@ -10,6 +10,11 @@ Gossip is signed: unless ``CLUSTER_KEYS`` is set in the environment (empty
 turns signing off), every start generates a random 32-byte key and hands it
 to every node, so nothing else on the machine can speak to the cluster's
 gossip ports (issue 17: one forged packet could deafen a node).
+
+HTTP deliveries: the nodes may call 127.0.0.0/8 (``HTTP_TARGETS_ALLOW``,
+unless the environment sets it) and nothing else that is not public, and
+sign with ``HTTP_SIGNING_SECRET``: the environment's, else one made for
+this run and printed, so a local receiver can verify what it gets.
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ from pathlib import Path
 from typing import IO
 
 from node.ops import embedded
+from node.schedule.webhook import new_secret
 
 READY_TIMEOUT = 90.0
 # Shown with a child's early exit, so the cause is on the screen, not only in its log.
 LOG_TAIL_LINES = 8
 CLUSTER_KEY_BYTES = 32
+# What a local stack's nodes may call besides public addresses: this machine.
+DEV_TARGETS_ALLOW = "127.0.0.0/8"
 
 
 def cluster_keys(environ: Mapping[str, str]) -> tuple[str, str]:
@@ -87,12 +95,22 @@ class DevStack:
         self.environ = dict(os.environ if environ is None else environ)
         # Never printed or logged: describe() says only where it came from.
         self._cluster_keys, self.signing = cluster_keys(self.environ)
+        # Printed: a receiver on this machine needs it to verify deliveries.
+        self.signing_secret = self.environ.get("HTTP_SIGNING_SECRET") or new_secret()
+        self.secret_origin = (
+            "from the environment" if "HTTP_SIGNING_SECRET" in self.environ else "made for this run"
+        )
 
     def node_environment(self) -> dict[str, str]:
         """What each node runs with: ours, plus the cluster key(s). A user who
         set CLUSTER_KEYS empty asked for unsigned gossip, which a node runs
         only when told so (GOSSIP_UNSIGNED)."""
-        env = {**self.environ, "CLUSTER_KEYS": self._cluster_keys}
+        env = {
+            "HTTP_TARGETS_ALLOW": DEV_TARGETS_ALLOW,
+            **self.environ,
+            "CLUSTER_KEYS": self._cluster_keys,
+            "HTTP_SIGNING_SECRET": self.signing_secret,
+        }
         if not self._cluster_keys.strip():
             env["GOSSIP_UNSIGNED"] = "on"
         return env
@@ -219,6 +237,9 @@ class DevStack:
                 extra = f"  gossip {o.host}:{o.gossip_port + index}"
             lines.append(f"{child.name:<8} {child.address}{extra}  pid {child.process.pid}")
         lines.append(f"gossip   {self.signing}")
+        allow = self.node_environment()["HTTP_TARGETS_ALLOW"] or "public addresses only"
+        lines.append(f"http     targets may reach {allow}")
+        lines.append(f"signing  HTTP_SIGNING_SECRET={self.signing_secret}  ({self.secret_origin})")
         lines.append(f"logs     {o.data_dir / 'logs'}")
         return "\n".join(lines)
 

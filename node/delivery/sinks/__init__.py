@@ -1,3 +1,3 @@
-"""Where deliveries go: one small interface (``contract.Sink``), two
+"""Where deliveries go: one small interface (``node/delivery/sink.py``), two
 adapters (``kafka.py``, ``http.py``) and the router that sends a round's
 records and calls to them at once (``router.py``)."""

@@ -25,7 +25,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
-from node.delivery.sinks.contract import Failed, Trouble
+from node.delivery.sink import Failed, Trouble
 from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
 

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from node.delivery.sinks.contract import Failed, Sink, Trouble
+from node.delivery.sink import Failed, Sink, Trouble
 from node.schedule.destination import SCHEDULER_HEADERS, is_http
 from node.schedule.record import Record, build_record
 from node.schedule.webhook import HttpCall, build_call

@@ -1,6 +1,7 @@
-"""What a sink is: ``publish(items) -> results``, one result per item, in
-order; ``None`` when the destination took it, else a ``Failed`` saying whose
-trouble it was. What a failure makes of the schedule is decided in
+"""What a sink is (``node/delivery/sinks/`` holds the two):
+``publish(items) -> results``, one result per item, in order; ``None`` when
+the destination took it, else a ``Failed`` saying whose trouble it was.
+What a failure makes of the schedule is decided in
 ``node/delivery/outcomes.py``, never here."""
 
 from __future__ import annotations

@@ -1,0 +1,233 @@
+"""HTTP targets through the bucket poller in virtual time, on the memory
+store: a call settled on its own when it answers, a destination's wait
+that spends no attempt (up to the outage bound), a refusal that ends at
+once with its dead letter, one host's hung calls never holding another's,
+and the broker's outage never holding HTTP calls."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from node.delivery.sink import Failed, Trouble
+from node.store.memory import MemoryLeases, MemorySchedules
+from tests.virtual import Owner, VirtualTime, header, schedule
+
+A = "https://a.example/hook"
+B = "https://b.example/hook"
+
+
+@pytest.fixture
+def time() -> VirtualTime:
+    return VirtualTime()
+
+
+@pytest.fixture
+def schedules(time: VirtualTime) -> MemorySchedules:
+    return MemorySchedules(1, time.wall)
+
+
+@pytest.fixture
+def leases(time: VirtualTime) -> MemoryLeases:
+    return MemoryLeases("", time.wall)
+
+
+async def owner(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases, **options: Any
+) -> Owner:
+    node = Owner("a", time, schedules, leases, **options)
+    await node.take([0])
+    return node
+
+
+async def add(
+    schedules: MemorySchedules, time: VirtualTime, schedule_id: str, in_s: float, url: str = A
+) -> None:
+    due = time.at(time.elapsed + in_s)
+    new = schedule(schedule_id, due, time.wall(), http={"url": url})
+    await schedules.insert(new, time.wall())
+
+
+async def stored(schedules: MemorySchedules, schedule_id: str) -> dict[str, Any]:
+    doc = await schedules.get(schedule_id)
+    assert doc is not None
+    return doc
+
+
+async def settle_calls() -> None:
+    """Let the calls a round started run to their answers (they are tasks)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_call_goes_once_at_its_time_under_the_lease_token(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases)
+    await add(schedules, time, "s1", 10)
+    await a.run(9.5)
+    assert a.receiver.calls == []
+    await a.run_until(lambda: a.receiver.ids() == ["s1"], within=5)
+    await a.run(3)
+    call = a.receiver.delivered[0]
+    assert time.wall() >= time.at(10)
+    assert call.header("fence-token") == str(a.leases.usable()[0])
+    assert call.header("attempt") == "1"
+    assert (await stored(schedules, "s1"))["status"] == "DELIVERED"
+    assert len(a.receiver.calls) == 1
+
+
+async def test_a_retry_keeps_the_webhook_id_and_spends_an_attempt(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases)
+    a.receiver.answers["a.example"] = [Failed("HTTP 500: boom", Trouble.RETRY)]
+    await add(schedules, time, "s1", 0)
+    await a.run_until(lambda: a.receiver.ids() == ["s1"], within=30)
+    first, second = a.receiver.calls
+    assert first.webhook_id == second.webhook_id
+    assert [first.header("attempt"), second.header("attempt")] == ["1", "2"]
+
+
+async def test_waiting_on_retry_after_spends_no_attempt_however_often(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Ten 503s with Retry-After: 30 s against a limit of five attempts:
+    each waits 30 s, none counts, and the eleventh call is delivered."""
+    a = await owner(time, schedules, leases)
+    wait = Failed("HTTP 503: busy", Trouble.DESTINATION, wait=30.0)
+    a.receiver.answers["a.example"] = [wait] * 10
+    await add(schedules, time, "s1", 0)
+    await a.run(1)
+    doc = await stored(schedules, "s1")
+    assert doc["status"] == "PENDING" and doc["attempts"] == 0
+    assert doc["dueAt"] >= time.at(30)
+    await a.run_until(lambda: a.receiver.ids() == ["s1"], within=400)
+    await a.run(2)
+    doc = await stored(schedules, "s1")
+    assert doc["status"] == "DELIVERED" and doc["attempts"] == 1
+    assert len(a.receiver.calls) == 11
+    assert a.count("deferred") == 10 and a.count("failed") == 0
+
+
+async def test_past_the_outage_bound_a_wait_spends_attempts_and_ends(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases, outage_bound=timedelta(seconds=60))
+    wait = Failed("HTTP 503: down for days", Trouble.DESTINATION, wait=30.0)
+    a.receiver.answers["a.example"] = [wait] * 100
+    await add(schedules, time, "s1", 0)
+
+    async def failed() -> bool:
+        return (await stored(schedules, "s1"))["status"] == "DELIVERY_FAILED"
+
+    for _ in range(100):
+        await a.run(10)
+        if await failed():
+            break
+    doc = await stored(schedules, "s1")
+    assert doc["status"] == "DELIVERY_FAILED", doc
+    assert doc["attempts"] == 5  # RETRY's limit, spent only past the bound
+    assert "503" in doc["lastError"]
+
+
+async def test_a_4xx_fails_at_once_and_goes_to_the_dead_letter_url(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases, dead_letter_url="https://dlq.example/in")
+    a.receiver.answers["a.example"] = [Failed("HTTP 400: bad order", Trouble.REFUSED)]
+    await add(schedules, time, "s1", 0)
+    await a.run(3)
+    doc = await stored(schedules, "s1")
+    assert doc["status"] == "DELIVERY_FAILED" and doc["attempts"] == 1
+    assert doc["lastError"] == "HTTP 400: bad order"
+    [dead] = a.receiver.delivered
+    assert dead.url == "https://dlq.example/in" and dead.trusted
+    assert dead.header("original-url") == A and dead.header("error") == "HTTP 400: bad order"
+    assert dead.header("schedule-id") == "s1"
+
+
+async def test_a_refused_http_call_dead_letters_to_the_topic_too(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases, dead_letter_topic="dlq")
+    a.receiver.answers["a.example"] = [Failed("HTTP 404: gone", Trouble.REFUSED)]
+    await add(schedules, time, "s1", 0)
+    await a.run(3)
+    [record] = a.publisher.records
+    assert record.topic == "dlq" and header(record, "original-url") == A
+    assert (await stored(schedules, "s1"))["status"] == "DELIVERY_FAILED"
+
+
+async def test_a_hung_host_holds_no_other_host_and_no_more_than_its_bound(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a never answers: two calls (its bound) are out, its other
+    schedules stay PENDING unclaimed, and host b's are all delivered
+    meanwhile, in the rounds they fall due."""
+    a = await owner(time, schedules, leases, http_per_host=2)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(5):
+        await add(schedules, time, f"a{n}", 0)
+    for n in range(3):
+        await add(schedules, time, f"b{n}", 1 + n, url=B)
+    await a.run(6)
+    assert sorted(a.receiver.ids()) == ["b0", "b1", "b2"]
+    assert a.receiver.waiting["a.example"] == 2
+    statuses = sorted([(await stored(schedules, f"a{n}"))["status"] for n in range(5)])
+    assert statuses == ["IN_FLIGHT", "IN_FLIGHT", "PENDING", "PENDING", "PENDING"]
+
+    a.receiver.release("a.example")
+    await a.run_until(lambda: len(a.receiver.ids()) == 8, within=30)
+    await a.run(2)
+    for n in range(5):
+        assert (await stored(schedules, f"a{n}"))["status"] == "DELIVERED"
+
+
+async def test_the_broker_down_holds_records_but_not_calls(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases)
+    a.publisher.down = True
+    await schedules.insert(schedule("k1", time.at(0), time.wall()), time.wall())
+    await a.run(1)  # the broker is found down: records wait
+    await add(schedules, time, "h1", 1)
+    await a.run_until(lambda: a.receiver.ids() == ["h1"], within=10)
+    k1 = await stored(schedules, "k1")
+    assert k1["status"] == "PENDING" and k1["attempts"] == 0
+    a.publisher.down = False
+    await a.run_until(lambda: a.publisher.ids() == ["k1"], within=30)
+
+
+async def test_records_and_calls_of_one_batch_each_settle(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases)
+    await schedules.insert(schedule("k1", time.at(1), time.wall()), time.wall())
+    await add(schedules, time, "h1", 1)
+    await a.run(3)
+    assert a.publisher.ids() == ["k1"] and a.receiver.ids() == ["h1"]
+    for name in ("k1", "h1"):
+        assert (await stored(schedules, name))["status"] == "DELIVERED"
+
+
+async def test_a_call_still_out_at_stop_is_left_for_the_next_owner(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Stopping waits a grace for calls in flight; one that never answers
+    stays IN_FLIGHT under the old token, and the next owner re-delivers it."""
+    a = await owner(time, schedules, leases, ttl=30.0)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    await add(schedules, time, "s1", 0)
+    await a.run(1)
+    assert (await stored(schedules, "s1"))["status"] == "IN_FLIGHT"
+    await a.poller._finish_calls(grace=0)
+    await a.poller.quiesce({0})  # returns: nothing of ours is out any more
+    await a.leases.release([0])
+    b = Owner("b", time, schedules, leases)
+    await b.take([0])
+    await b.run_until(lambda: b.receiver.ids() == ["s1"], within=10)
+    assert int(b.receiver.delivered[0].header("fence-token") or 0) > 1
