@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -101,11 +101,19 @@ def signatures_hold(key: bytes, headers: Mapping[str, str], body: bytes) -> bool
 
 
 class Endpoint:
-    """The server's state: its mode and its log."""
+    """The server's state: its mode and its log. ``key``: the HMAC key the
+    signatures are checked with (None: not checked); ``sleep``: how a slow
+    answer waits (injected, so a test need not)."""
 
-    def __init__(self, log: IO[str], key: bytes | None) -> None:
+    def __init__(
+        self,
+        log: IO[str],
+        key: bytes | None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.log = log
         self.key = key
+        self.sleep = sleep
         self.mode = "up"
         self.retry_after = 1
 
@@ -123,7 +131,7 @@ class Endpoint:
         mode = self.mode  # the mode the request arrived in decides its answer
         body = await request.read()
         if mode == "slow":
-            await asyncio.sleep(SLOW)
+            await self.sleep(SLOW)
         status = {"up": 200, "slow": 200, "503": 503, "400": 400}[mode]
         self._write(request, body, at, status)
         if status == 503:
