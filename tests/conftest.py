@@ -249,3 +249,13 @@ class TopicReader:
         for record in self.records:
             out.setdefault(dict(record.headers)["schedule-id"].decode(), []).append(record)
         return out
+
+
+def metric_samples(metrics: Any, name: str) -> dict[tuple[str, ...], float]:
+    """label values -> value, of every sample named ``name`` a node's metrics hold."""
+    found: dict[tuple[str, ...], float] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sample.labels.values())] = sample.value
+    return found

@@ -268,3 +268,25 @@ def test_dev_refuses_a_port_asked_for_twice() -> None:
         kafka_port=embedded.free_port(),
     )
     assert DevStack(apart).taken_ports() == []
+
+
+def test_dev_signs_http_deliveries_with_a_printed_secret_and_allows_only_loopback() -> None:
+    options = DevOptions(nodes=1)
+    made = DevStack(options, environ={"PATH": "/bin"})
+    secret = made.node_environment()["HTTP_SIGNING_SECRET"]
+    # Printed: a receiver on this machine needs it to verify what it gets.
+    assert f"HTTP_SIGNING_SECRET={secret}" in made.describe()
+    assert "made for this run" in made.describe()
+    config = node_config.load(
+        {}, environ={"NODE_ID": "n1", "GOSSIP_UNSIGNED": "on", **made.node_environment()}
+    )
+    assert config.http_signing_secret == secret
+    assert config.http_targets_allow.refusal("127.0.0.1") is None
+    assert config.http_targets_allow.refusal("10.0.0.1") is not None
+    assert DevStack(options, environ={}).node_environment()["HTTP_SIGNING_SECRET"] != secret
+
+    own = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    given = DevStack(options, environ={"HTTP_SIGNING_SECRET": own, "HTTP_TARGETS_ALLOW": ""})
+    assert given.node_environment()["HTTP_SIGNING_SECRET"] == own
+    assert given.node_environment()["HTTP_TARGETS_ALLOW"] == ""  # the user's choice stands
+    assert "from the environment" in given.describe()

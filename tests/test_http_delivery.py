@@ -274,8 +274,10 @@ async def test_cancel_and_pause_race_the_poller_without_a_delivery_they_denied(
     409 to (in flight, delivered) was, once."""
     node = await start_node(**LOOPBACK)
     ids = [f"race{n}" for n in range(40)]
+    due = at(1.0)
     for schedule_id in ids:
-        await create(node, id=schedule_id, http={"url": receiver.url()}, executeAt=at(0.5))
+        await create(node, id=schedule_id, http={"url": receiver.url()}, executeAt=due)
+    await asyncio.sleep(max(0.0, datetime.fromisoformat(due).timestamp() - time.time() - 0.03))
     answers = await asyncio.gather(
         *(
             node.request("DELETE", f"/v1/schedules/{i}")
@@ -369,3 +371,41 @@ async def test_listing_by_destination_and_host(start_node: NodeFactory, receiver
     assert await listed(host="HOOKS.example.com", destination="http") == ["e"]
     status, answer = await node.request("GET", "/v1/schedules", params={"destination": "ftp"})
     assert status == 400 and answer["error"]["field"] == "destination"
+
+
+async def test_a_switch_to_kafka_racing_the_claim_goes_to_one_destination_once(
+    start_node: NodeFactory, receiver: Receiver, servers: EmbeddedServers
+) -> None:
+    """HTTP schedules falling due while each is PATCHed to a topic and a
+    later time: one PATCHed (200) goes to the topic only, at the new time;
+    one claimed first (409) is called only, at its first time; each once."""
+    topic = unique("race-switch")
+    node = await start_node(**LOOPBACK, batch_size="5")
+    ids = [f"sw{n}" for n in range(40)]
+    due, later = at(1.0), at(3.5)
+    for schedule_id in ids:
+        await create(node, id=schedule_id, http={"url": receiver.url()}, executeAt=due)
+    # The race: the PATCHes land around the due time.
+    await asyncio.sleep(max(0.0, datetime.fromisoformat(due).timestamp() - time.time() - 0.03))
+    answers = await asyncio.gather(
+        *(
+            node.request("PATCH", f"/v1/schedules/{i}", json={"topic": topic, "executeAt": later})
+            for i in ids
+        )
+    )
+    switched = {i for i, (status, _body) in zip(ids, answers, strict=True) if status == 200}
+    assert {status for status, _ in answers} <= {200, 409}
+    for schedule_id in ids:
+        await reaches(node, schedule_id, "DELIVERED")
+    async with TopicReader(servers.kafka_bootstrap, topic) as reader:
+        if switched:
+            await reader.wait_for(len(switched))
+        await reader.poll()
+    by_id = reader.by_id()
+    assert set(by_id) == switched
+    for schedule_id in switched:
+        [record] = by_id[schedule_id]
+        assert record.timestamp / 1000 >= datetime.fromisoformat(later).timestamp() - 0.05
+    called = receiver.ids()
+    assert sorted(called) == sorted(set(ids) - switched)
+    assert len(called) == len(set(called))

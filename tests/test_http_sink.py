@@ -39,6 +39,7 @@ from node.delivery.sinks.http import (
 from node.metrics import NodeMetrics
 from node.schedule.egress import EgressPolicy
 from node.schedule.webhook import FENCE_SIGNED, HttpCall, build_call, new_secret, secret_key
+from tests.conftest import metric_samples
 
 SECRET = new_secret()
 OLD_SECRET = new_secret()
@@ -456,15 +457,6 @@ async def test_a_hanging_host_holds_only_its_own_calls(
 # -- the circuit breaker -----------------------------------------------------------
 
 
-def samples(metrics: NodeMetrics, name: str) -> dict[tuple[str, ...], float]:
-    found: dict[tuple[str, ...], float] = {}
-    for family in metrics.registry.collect():
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sample.labels.values())] = sample.value
-    return found
-
-
 async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     receiver: Receiver, make_sink: SinkFactory
 ) -> None:
@@ -496,12 +488,12 @@ async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     assert sink.breakers.state(host) is State.CLOSED
     assert one(await sink.publish([failing])).trouble is Trouble.RETRY
 
-    counts = samples(metrics, "scheduler_http_target_requests_total")
+    counts = metric_samples(metrics, "scheduler_http_target_requests_total")
     assert counts[(host, "retry")] == 4
     assert counts[(host, "circuit_open")] == 2
     assert counts[(host, "waited")] == 1
     assert counts[(host, "delivered")] == 1
-    assert samples(metrics, "scheduler_http_target_circuit_open") == {(host,): 0}
+    assert metric_samples(metrics, "scheduler_http_target_circuit_open") == {(host,): 0}
 
 
 async def test_an_open_circuit_shows_in_the_metrics(make_sink: SinkFactory) -> None:
@@ -514,7 +506,7 @@ async def test_an_open_circuit_shows_in_the_metrics(make_sink: SinkFactory) -> N
         await sink.publish([dead, dead])
         assert one(await sink.publish([dead])).error.startswith("circuit open")
     host = f"127.0.0.1:{port}"
-    assert samples(metrics, "scheduler_http_target_circuit_open") == {(host,): 1}
+    assert metric_samples(metrics, "scheduler_http_target_circuit_open") == {(host,): 1}
 
 
 # -- egress: refused at delivery, nothing received -----------------------------------
@@ -588,7 +580,7 @@ async def test_every_refused_form_is_refused_at_delivery(
     assert dns.asked == ["rebind.test"]
     rebound = results[urls.index(f"http://rebind.test:{receiver.port}/ok")]
     assert rebound is not None and "127.0.0.1 (loopback)" in rebound.error
-    counts = samples(metrics, "scheduler_http_target_requests_total")
+    counts = metric_samples(metrics, "scheduler_http_target_requests_total")
     assert sum(n for (_, label), n in counts.items() if label == "egress_refused") == len(urls)
 
 

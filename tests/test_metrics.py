@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from node.metrics import HTTP_TARGET_RESULTS, HostLabels, NodeMetrics
+from tests.conftest import metric_samples
 
 
 class OpenCircuits:
@@ -14,15 +15,6 @@ class OpenCircuits:
 
     def open_hosts(self) -> Iterable[str]:
         return list(self.hosts)
-
-
-def series(metrics: NodeMetrics, name: str) -> dict[tuple[str, ...], float]:
-    found: dict[tuple[str, ...], float] = {}
-    for family in metrics.registry.collect():
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sample.labels.values())] = sample.value
-    return found
 
 
 def test_the_first_hosts_are_named_and_the_rest_are_other() -> None:
@@ -42,7 +34,7 @@ def test_http_target_requests_are_bounded_by_host() -> None:
     for index in range(5):
         metrics.http_target(f"h{index}:443", "delivered")
     metrics.http_target("h0:443", "circuit_open")
-    counts = series(metrics, "scheduler_http_target_requests_total")
+    counts = metric_samples(metrics, "scheduler_http_target_requests_total")
     assert counts == {
         ("h0:443", "delivered"): 1,
         ("h1:443", "delivered"): 1,
@@ -60,7 +52,7 @@ def test_open_circuits_by_host() -> None:
     metrics.http_target("up:443", "delivered")
     circuits.hosts = ["down:443", "x:443", "y:443"]
     # Named hosts: 1 open, 0 closed; the hosts past the limit counted as other.
-    assert series(metrics, "scheduler_http_target_circuit_open") == {
+    assert metric_samples(metrics, "scheduler_http_target_circuit_open") == {
         ("up:443",): 0,
         ("down:443",): 1,
         ("other",): 2,

@@ -231,3 +231,23 @@ async def test_a_call_still_out_at_stop_is_left_for_the_next_owner(
     await b.take([0])
     await b.run_until(lambda: b.receiver.ids() == ["s1"], within=10)
     assert int(b.receiver.delivered[0].header("fence-token") or 0) > 1
+
+
+async def test_calls_are_written_while_their_bucket_is_handed_over(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Losing every bucket (a scale-out), the owner waits for its calls out
+    there to answer and be written before it releases the leases: the rounds
+    that write them run with no usable lease left."""
+    a = await owner(time, schedules, leases)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    await add(schedules, time, "s1", 0)
+    await a.run(1)
+    a.leases.suspend({0})  # as Ownership._release does, before quiesce
+    handed_over = asyncio.create_task(a.poller.quiesce({0}))
+    await a.run(1)
+    assert not handed_over.done()
+    a.receiver.release("a.example")
+    await a.run(1)
+    await asyncio.wait_for(handed_over, timeout=5)  # a hang guard
+    assert (await stored(schedules, "s1"))["status"] == "DELIVERED"

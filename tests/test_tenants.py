@@ -554,3 +554,90 @@ def test_a_tenant_name_outside_the_alphabet_is_refused(name: str) -> None:
     # "acme\n": the name pattern ends in $, which matches before a final newline.
     with pytest.raises(TenantError):
         validate_name(name)
+
+
+# -- HTTP targets: signing secrets and URL prefixes ------------------------------------
+
+
+def test_cli_rotates_and_retires_signing_secrets(
+    servers: EmbeddedServers, database_name: str
+) -> None:
+    env = {"MONGO_URI": servers.mongo_uri, "MONGO_DATABASE": database_name}
+    argv = [sys.executable, "-m", "node", "tenants"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    assert cli("add", "signer", "--url-prefix", "https://signer.example/").returncode == 0
+    assert "no older secret" in cli("retire-secret", "signer").stderr
+    first = cli("rotate-secret", "signer").stdout.strip()
+    second = cli("rotate-secret", "signer").stdout.strip()
+    assert first.startswith("whsec_") and second.startswith("whsec_") and first != second
+    [listed] = [json.loads(line) for line in cli("list").stdout.splitlines()]
+    assert listed["signingSecrets"] == 2 and first not in cli("list").stdout
+    assert listed["urlPrefixes"] == ["https://signer.example/"]
+
+    from pymongo import MongoClient
+
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(servers.mongo_uri) as client:
+        doc = client[database_name].tenants.find_one({"_id": "signer"})
+        assert doc is not None and doc["signingSecrets"] == [second, first]
+        assert cli("retire-secret", "signer").returncode == 0
+        doc = client[database_name].tenants.find_one({"_id": "signer"})
+        assert doc is not None and doc["signingSecrets"] == [second]
+    assert cli("rotate-secret", "nobody").returncode == 1
+
+
+async def test_during_a_rotation_both_secrets_sign_and_urls_keep_to_the_prefixes(
+    start_node: NodeFactory, tenants: TenantStore
+) -> None:
+    from aiohttp import web
+    from standardwebhooks.webhooks import Webhook
+
+    from node.schedule.webhook import new_secret
+
+    old, new = new_secret(), new_secret()
+    seen: list[tuple[bytes, dict[str, str]]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hooks/in", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        node = await start_node(auth="on", http_targets_allow="127.0.0.0/8")
+        key = await make_tenant(
+            tenants, "rotating", url_prefixes=(f"{base}/hooks/",), signing_secrets=(new, old)
+        )
+        body = {"http": {"url": f"{base}/other"}, "executeAt": FAR, "payload": 1}
+        status, answer = await node.request("POST", "/v1/schedules", json=body, headers=bearer(key))
+        assert (status, answer["error"]["field"]) == (403, "http.url")
+        body = {"id": "r1", "http": {"url": f"{base}/hooks/in"}, "executeAt": FAR, "payload": 1}
+        status, _ = await node.request("POST", "/v1/schedules", json=body, headers=bearer(key))
+        assert status == 201
+        status, answer = await node.request(
+            "PATCH",
+            "/v1/schedules/r1",
+            json={"http": {"url": f"{base}/elsewhere"}},
+            headers=bearer(key),
+        )
+        assert (status, answer["error"]["field"]) == (403, "http.url")
+        status, _ = await node.request("POST", "/v1/schedules/r1:trigger", headers=bearer(key))
+        assert status == 200
+
+        async def called() -> bool:
+            return bool(seen)
+
+        await wait_until(called, what="the call")
+    finally:
+        await runner.cleanup()
+    payload, headers = seen[0]
+    assert len(headers["webhook-signature"].split()) == 2
+    for secret in (old, new):  # a receiver knowing either one accepts it
+        Webhook(secret).verify(payload, headers)

@@ -12,26 +12,33 @@ bucket's token.
 
 Each round:
 
-1. settle what a failed round left (completions to write, claims to put
-   back); make due again what an older owner left in flight in buckets just
+1. write what the HTTP calls started by earlier rounds answered; settle
+   what a failed round left (completions to write, claims to put back);
+   make due again what an older owner left in flight in buckets just
    gained, and in every held bucket once a while;
 2. read the buckets the book asks for (due now or within a poll interval);
 3. choose the batch from the due work in the book, shared fairly among
    tenants (when a view is full, tenants absent from it are asked for their
-   own earliest due work); its size opens from a small first claim after an
-   idle round up to the batch size (``claim_window.py``), so a burst's first
-   records leave after a small claim;
+   own earliest due work), leaving unclaimed what must wait (a Kafka record
+   while the broker is down, a call to a host with HTTP_MAX_PER_HOST calls
+   out); its size opens from a small first claim after an idle round up to
+   the batch size (``claim_window.py``), so a burst's first records leave
+   after a small claim;
 4. claim it in one bulk write (PENDING -> IN_FLIGHT, with the token, only if
    still due and no newer token wrote it);
-5. drop anything whose lease's local deadline passed during the claim, then
-   publish to Kafka and wait for the acks;
-6. complete each one as ``outcomes.py`` decides (DELIVERED, back to
-   PENDING with backoff, DELIVERY_FAILED past the retry limit and to the
-   dead-letter topic when configured, a recurring one's next occurrence),
-   fenced by the token;
+5. drop anything whose lease's local deadline passed during the claim; end
+   what must not go out (``Rules.plan``: past its deadline, a missed
+   occurrence to skip); start the HTTP calls (each is written by a later
+   round when it answers, so no endpoint holds a round); publish the Kafka
+   records and wait for the acks;
+6. complete each record as ``outcomes.py`` decides (``Rules.decide``:
+   DELIVERED, back to PENDING with backoff or after the destination's wait,
+   DELIVERY_FAILED past the retry limit or refused, to the dead letter when
+   configured, a recurring one's next occurrence), fenced by the token;
 7. sleep until the next due time in the book or the next read it wants,
    but at least until the batch linger since the round began has passed; a
-   hint (a schedule due sooner) or a lease change cuts the sleep short.
+   hint (a schedule due sooner), a lease change or a call's answer cuts the
+   sleep short.
 """
 
 from __future__ import annotations
@@ -279,12 +286,15 @@ class BucketPoller:
         tokens = self.leases.usable()
         self.metrics.buckets_owned.set(len(tokens))
         gained = self.book.sync(tokens)
+        if self._answers:
+            # Before anything else, leases or none: a bucket being handed
+            # over waits for its calls to be written (quiesce), and each
+            # write is fenced by the token it was claimed under.
+            await self._settle_calls()
         if not tokens:
             return self.poll_interval
         if self._unsettled or self._unclaimed:
             await self._settle_left()
-        if self._answers:
-            await self._settle_calls()
         await self._recover(tokens, gained)
         # While the broker is down no record is claimed (what is due stays
         # PENDING, no attempt spent on an outage); HTTP calls still go.
@@ -469,7 +479,12 @@ class BucketPoller:
         calls = [c for c in plan.publish if is_http(c.doc)]
         records = [c for c in plan.publish if not is_http(c.doc)]
         if calls:
-            await self._start_calls(calls)
+            try:
+                await self._start_calls(calls)
+            except Exception:
+                # None of the records went out, nor the calls not started.
+                self._unclaimed.extend(c for c in plan.publish if c.id not in self._calls)
+                raise
         if records:
             published, results, unread = await self._publish_records(records)
             await self._settle(published, results, unread)
