@@ -322,7 +322,7 @@ async def test_each_receiver_step_breaks_the_receiver_then_brings_it_up(tmp_path
     assert played[2]["retry_after"] == 7
     # Faults of the receiver, each with a window; their ends are not.
     assert [e.get("window") for e in played] == [0, None, 1, None, 2, None, 3, None]
-    assert all("skipped_settle" in e for e in played[::2])
+    assert all("skipped_settle" in e for e in played)  # nothing of the cluster's to time
 
 
 def test_a_receiver_step_in_a_run_without_a_receiver_is_skipped_saying_why(

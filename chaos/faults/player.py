@@ -43,6 +43,8 @@ SETTLE_AFTER = 1.0
 RECEIVER_MODES = {"receiver-503": "503", "receiver-slow": "slow", "receiver-400": "400"}
 # The event that ends a receiver fault (``chaos.faults.kinds.NOT_FAULTS``).
 RECEIVER_UP = "receiver-up"
+# Why the cluster's settling is not timed after a receiver's fault or its end.
+RECEIVER_SETTLE = "the receiver's faults leave the cluster as it was"
 
 # A step's work after its event is written: given the event's op index.
 FollowUp = Callable[[int], Coroutine[Any, Any, None]]
@@ -161,7 +163,7 @@ class Player:
             # Each half settles on its own view; the cluster settles after the heal.
             event["skipped_settle"] = "the halves cannot agree until the heal"
         if step.do in RECEIVER_FAULTS:
-            event["skipped_settle"] = "the receiver's faults leave the cluster as it was"
+            event["skipped_settle"] = RECEIVER_SETTLE
         index = self.history.event(NEMESIS, step.do, time.time(), **event).index
         if follow_up is not None:
             self._later(follow_up(index))
@@ -320,7 +322,7 @@ class Player:
             await asyncio.to_thread(receiver.start)
         else:
             await asyncio.to_thread(receiver.mode, "up")
-        self._end(RECEIVER_UP, "receiver up", None)
+        self._end(RECEIVER_UP, "receiver up", None, skipped_settle=RECEIVER_SETTLE)
 
     def _halves(self) -> list[set[str]]:
         names = self.running()
