@@ -242,6 +242,8 @@ def destinations(history: History) -> Destinations:
             sinks[call.schedule].append((str(call["sink"]), call.ended))
         if call.type == ops.INFO:
             unsure.add(call.schedule)
+        elif call.type == ops.OK:  # a later switch that took decides where it goes
+            unsure.discard(call.schedule)
     return Destinations(sinks, frozenset(unsure))
 
 
