@@ -35,6 +35,15 @@ REFUSED = [
     pytest.param("ftp://example.com/", id="ftp"),
     pytest.param("file:///etc/passwd", id="file"),
     pytest.param("gopher://example.com/", id="gopher"),
+    pytest.param("http://example.com:0/", id="port-0"),
+    pytest.param("http://example.com:99999/", id="port-out-of-range"),
+    pytest.param("http://example.com/a b", id="space"),
+    pytest.param("http://example.com/\x00", id="nul"),
+    pytest.param("http://example.com/#frag", id="fragment"),
+    pytest.param("http://exa\u0301mple.com/", id="non-ascii"),
+    pytest.param("http://[::1/", id="broken-v6"),
+    pytest.param("http:///path", id="no-host"),
+    pytest.param("http://" + "a" * 2100 + ".com/", id="too-long"),
 ]
 
 

@@ -409,3 +409,25 @@ async def test_a_switch_to_kafka_racing_the_claim_goes_to_one_destination_once(
     called = receiver.ids()
     assert sorted(called) == sorted(set(ids) - switched)
     assert len(called) == len(set(called))
+
+
+async def test_a_batch_takes_http_items_each_on_its_own(
+    start_node: NodeFactory, receiver: Receiver
+) -> None:
+    node = await start_node(**LOOPBACK)
+    items = [
+        {"id": "b-ok", "http": {"url": receiver.url()}, "executeAt": at(0), "payload": 1},
+        {"id": "b-meta", "http": {"url": "http://169.254.169.254/"}, "executeAt": at(0),
+         "payload": 1},
+        {"id": "b-both", "topic": "t", "http": {"url": receiver.url()}, "executeAt": at(0),
+         "payload": 1},
+        {"id": "b-hdr", "http": {"url": receiver.url(), "headers": {"x": "a\r\nb: c"}},
+         "executeAt": at(0), "payload": 1},
+    ]  # fmt: skip
+    status, answer = await node.request("POST", "/v1/schedules:batch", json={"schedules": items})
+    assert status == 200, answer
+    assert [r["status"] for r in answer["results"]] == [201, 400, 400, 400]
+    fields = [r.get("error", {}).get("field") for r in answer["results"]]
+    assert fields == [None, "http.url", "topic", "http.headers"]
+    await reaches(node, "b-ok", "DELIVERED")
+    assert receiver.ids() == ["b-ok"]

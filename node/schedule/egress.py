@@ -170,6 +170,8 @@ def _split(url: str, field: str) -> SplitResult:
         raise ValidationFailed("http.url must use http or https", field)
     if "@" in parts.netloc:
         raise ValidationFailed("http.url may not hold a user name or password", field)
+    if parts.port == 0:
+        raise ValidationFailed("http.url may not name port 0", field)
     if parts.fragment or url.endswith("#"):
         raise ValidationFailed("http.url may not hold a fragment (#...)", field)
     return parts
