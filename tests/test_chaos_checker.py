@@ -542,6 +542,25 @@ def test_a_delivery_late_outside_every_intended_window_fails_the_run() -> None:
     assert fine["late_outside_windows"] == 0 and passed(fine)
 
 
+def test_a_chain_replaying_its_backlog_is_late_by_its_first_missed_occurrence_only() -> None:
+    # The broker down 100 to 160 (intended until 180); the chain's missed
+    # occurrences go out one after another from 170, two seconds apart, so
+    # the last, due at 185 (after the window), goes at 204: 19 s late, all
+    # but 2 of them waiting on the one before it (out at 202).
+    load = Load()
+    ticks = load.chain("c", 100.0, 185.0, 5)
+    load.fault("crash-broker", 100.0, 60.0)
+    replayed = [
+        Delivery(unit, 1, 1, max(170.0 + 2 * k, 100.0 + 5 * k)) for k, unit in enumerate(ticks)
+    ]
+    assert replayed[-1].at == 204.0
+    result = check(load.history, topic(*replayed))
+    assert passed(result) and result["late_outside_windows"] == 0
+    # Out at 220 instead: 18 s after the one before it, its own lateness.
+    stuck = [*replayed[:-1], replace(replayed[-1], at=220.0)]
+    assert check(load.history, topic(*stuck))["late_outside_windows_ids"] == [ticks[-1]]
+
+
 def test_a_broker_stall_most_nodes_saw_is_an_intended_window() -> None:
     def stalled(*, most: bool) -> History:
         load = Load().created({"a": 1040.0})
