@@ -17,7 +17,8 @@ The fault player writes its steps as ``info`` ops of the ``nemesis``
 process (each value one fault's event, as the report shows it, and later
 ``note`` ops adding what was learnt of it: how long the cluster took to
 settle, a flood's figures), and the observer the spells in which the nodes
-said the broker stalled. The checker (``chaos/checker/``) reads nothing
+said the broker stalled and the schedules the store held DELIVERY_FAILED
+at the end. The checker (``chaos/checker/``) reads nothing
 else: every ledger a run used to keep is a query over these ops.
 
 An op's ``at`` is epoch seconds of the runner's clock, the one executeAt
@@ -51,6 +52,9 @@ BULK_CANCEL = "bulk-cancel"  # POST /v1/schedules:cancel of one label group
 # A nemesis op that adds fields to an earlier fault's event (value["of"]).
 NOTE = "note"
 BROKER_STALL = "broker-stall"
+# An observer op per schedule the store held DELIVERY_FAILED at the end
+# (value: its ``id`` and ``error``).
+DELIVERY_FAILED = "delivery-failed"
 
 # Between a recurring schedule's id and an occurrence's time in a unit's
 # name; ids cannot contain it.
@@ -259,14 +263,23 @@ class History:
         return cls(ops, started=float(header["started"]), meta=header.get("meta", {}))
 
 
+# The sinks a delivery arrives at: the run's topic, or the run's receiver
+# (an ``http`` target).
+KAFKA, HTTP = "kafka", "http"
+
+
 @dataclass(frozen=True)
 class Delivery:
-    """One record the topic got, named by the unit the checker judges."""
+    """One record the topic got, or one request the receiver took (a 2xx),
+    named by the unit the checker judges."""
 
     schedule_id: str  # the unit: a schedule, or one occurrence of a recurring one
     token: int
     attempt: int
-    at: float  # epoch seconds (the Kafka record timestamp)
+    # Epoch seconds: the Kafka record timestamp (the publishing node's
+    # reading of the store's clock when it made the batch), or when the
+    # receiver read the request's head (its host's clock, the runner's).
+    at: float
     # What the record carried and where the broker put it: the evidence that
     # tells a producer's resend of one batch from a second publish. None
     # when not recorded (such a repeat is never explained as a resend).
@@ -277,6 +290,7 @@ class Delivery:
     received: float | None = None
     # The record's execute-at header (epoch seconds); None: not noted.
     execute_at: float | None = None
+    sink: str = KAFKA  # where it arrived: KAFKA or HTTP
 
     @property
     def schedule(self) -> str:
@@ -285,8 +299,14 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Topic:
-    """What the topic got: every record read live, and the units a fresh
-    reader found in it at the end (None: not read again)."""
+    """What the sinks got, as one stream keyed by unit (a PATCH may switch a
+    schedule between the topic and an http target, so its delivery may
+    arrive at either): every record of the topic read live and every
+    request the receiver took; the units a fresh reader found in the topic
+    at the end (None: not read again); and the units whose request the
+    receiver refused for good (a 4xx the node must not retry: the schedule
+    ends DELIVERY_FAILED, as asked)."""
 
     deliveries: tuple[Delivery, ...]
     kept: frozenset[str] | None = None
+    refused: frozenset[str] = frozenset()

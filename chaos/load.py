@@ -21,6 +21,15 @@ meet them, and at these shares the load stays what it was):
 * CHAINS recurring schedules, one occurrence every CHAIN_EVERY seconds
   over the whole load, each occurrence owed once.
 
+With a receiver (``Webhook``), a share of the schedules (drawn by the
+run's seed, in the order they are made) and as many of the chains go to
+an ``http`` target, the receiver's URL, instead of the topic; every verb
+works on them alike, and SWITCH_SHARE of the PATCHes (of a run with a
+receiver) also switch the destination, topic to http or back. Each create
+notes its ``sink`` in the history, and each switching PATCH the one it
+switches to (with the executeAt it moves the schedule to as well, so that
+``chaos/settle.py`` can tell by the time whether an unanswered one took).
+
 Every call goes through ``Api.call``: a serving node picked at random, its
 answer an ``ok`` (2xx), a ``fail`` (any other 4xx) or an ``info`` (no
 answer, or a 5xx: the store may have applied the write before it failed;
@@ -44,7 +53,7 @@ from typing import Any
 import aiohttp
 
 from chaos import history as ops
-from chaos.history import History, Op
+from chaos.history import HTTP, KAFKA, History, Op
 from chaos.lab.harness import iso
 
 CANCEL_SHARE = 0.02
@@ -67,6 +76,31 @@ CHAIN_TRIES = 50
 RETRY_AFTER_CAP = 2.0
 # Calls in flight at once (a client's connection pool).
 IN_FLIGHT = 64
+# Of the PATCHes of a run with a receiver, the share that also switch the
+# schedule's destination (topic to http, http to topic).
+SWITCH_SHARE = 0.5
+# The methods the http targets use, one after another by schedule number.
+METHODS = ("POST", "PUT", "PATCH")
+# An http target's timeout: a receiver answering slower (``slow``) times out.
+HTTP_TIMEOUT = "PT10S"
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where the load's http targets point, and how many of them."""
+
+    url: str  # the receiver's base URL, as the nodes reach it
+    share: float  # of the one-shot schedules (and of the chains)
+    rng: random.Random  # draws which schedules, in order: the same for the same seed
+
+    def target(self, schedule_id: str, n: int) -> dict[str, Any]:
+        """The ``http`` member of schedule ``schedule_id`` (the ``n``th of its kind)."""
+        return {
+            "url": f"{self.url}/hooks/{schedule_id}",
+            "method": METHODS[n % len(METHODS)],
+            "headers": {"x-chaos-schedule": schedule_id},
+            "timeout": HTTP_TIMEOUT,
+        }
 
 
 @dataclass(frozen=True)
@@ -176,23 +210,27 @@ class Load:
     # The recurring schedules the topic's reader names occurrence by
     # occurrence: known before their first occurrence can arrive.
     recurring: set[str] = field(default_factory=set)
+    webhook: Webhook | None = None  # None: every schedule goes to the topic
 
     async def run(self) -> None:
         """The whole load, from ``history.started``."""
         started = self.history.started
         limit = asyncio.Semaphore(IN_FLIGHT)
 
-        async def one(i: int) -> None:
+        async def one(i: int, http: bool) -> None:
             async with limit:
-                await self._schedule(i)
+                await self._schedule(i, http)
 
-        tasks = [asyncio.create_task(self._chain(n)) for n in range(CHAINS)]
+        share = self.webhook.share if self.webhook else 0.0
+        http_chains = round(CHAINS * share)
+        tasks = [asyncio.create_task(self._chain(n, n < http_chains)) for n in range(CHAINS)]
         tasks.append(asyncio.create_task(self._bulk_cancels()))
         for i in range(int(self.rate * self.duration)):
             delay = started + i / self.rate - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
+            http = self.webhook is not None and self.webhook.rng.random() < share
+            tasks.append(asyncio.create_task(one(i, http)))
         await asyncio.gather(*tasks)
 
     async def _called(
@@ -218,23 +256,29 @@ class Load:
 
     # -- one-shot schedules ------------------------------------------------------
 
-    async def _schedule(self, i: int) -> None:
-        """Create schedule ``s<i>``; then, drawn by their shares, cancel,
-        reschedule or pause it."""
+    def _destination(self, schedule_id: str, n: int, http: bool) -> dict[str, Any]:
+        """The body's destination member: the receiver's, or the topic."""
+        if http and self.webhook is not None:
+            return {"http": self.webhook.target(schedule_id, n)}
+        return {"topic": self.topic}
+
+    async def _schedule(self, i: int, http: bool = False) -> None:
+        """Create schedule ``s<i>`` (to the receiver when ``http``); then,
+        drawn by their shares, cancel, reschedule or pause it."""
         lead = 0.0 if self.rng.random() < 0.05 else self.rng.uniform(1.0, 4.0)
         execute_at = _to_ms(datetime.now(UTC) + timedelta(seconds=lead))
         schedule_id = f"s{i}"
         group = f"g{self.rng.randrange(GROUPS)}"
         body = {
             "id": schedule_id,
-            "topic": self.topic,
+            **self._destination(schedule_id, i, http),
             "executeAt": iso(execute_at),
             "payload": i,
             "labels": {"group": group},
         }
         invoked = self.history.invoke(
             schedule_id, ops.CREATE, time.time(), schedule_id,
-            executeAt=execute_at.timestamp(), group=group,
+            executeAt=execute_at.timestamp(), group=group, sink=HTTP if http else KAFKA,
         )  # fmt: skip
         answer = await self._create(body)
         if answer is None or answer.type != ops.OK:
@@ -247,7 +291,7 @@ class Load:
             if lead > 0.5:
                 await self._cancel(schedule_id)
         elif draw < CANCEL_SHARE + RESCHEDULE_SHARE:
-            await self._reschedule(schedule_id, answer.version)
+            await self._reschedule(schedule_id, answer.version, i, http)
         elif draw < CANCEL_SHARE + RESCHEDULE_SHARE + PAUSE_SHARE:
             await self._pause(schedule_id)
 
@@ -271,25 +315,35 @@ class Load:
     async def _cancel(self, schedule_id: str) -> None:
         await self._called(schedule_id, ops.CANCEL, "DELETE", f"/v1/schedules/{schedule_id}")
 
-    async def _reschedule(self, schedule_id: str, version: int | None) -> None:
+    async def _reschedule(
+        self, schedule_id: str, version: int | None, i: int = 0, http: bool = False
+    ) -> None:
         """PATCH a new executeAt, half a second to five ahead (later or
-        earlier than the one it had), once or twice."""
+        earlier than the one it had), once or twice; with a receiver, half
+        of the PATCHes also switch the destination."""
         while True:
             await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
             new = _to_ms(datetime.now(UTC) + timedelta(seconds=self.rng.uniform(0.5, 5.0)))
             # Half with the version the last answer gave: a 412 if it moved since.
             match = version is not None and self.rng.random() < 0.5
+            body: dict[str, Any] = {"executeAt": iso(new)}
+            switch: dict[str, Any] = {}
+            if self.webhook is not None and self.rng.random() < SWITCH_SHARE:
+                http = not http
+                body.update(self._destination(schedule_id, i, http))
+                switch["sink"] = HTTP if http else KAFKA
             called = await self._called(
                 schedule_id,
                 ops.PATCH,
                 "PATCH",
                 f"/v1/schedules/{schedule_id}",
-                {"executeAt": iso(new)},
+                body,
                 {"If-Match": f'"{version}"'} if match else None,
                 executeAt=new.timestamp(),
+                **switch,
             )
             if called is None or called[1].type != ops.OK:
-                return  # unknown (settled after the run), or refused: the time stands
+                return  # unknown (settled after the run), or refused: as it was
             version = called[1].version
             if self.rng.random() >= RESCHEDULE_AGAIN:
                 return
@@ -308,8 +362,9 @@ class Load:
 
     # -- recurring schedules -----------------------------------------------------
 
-    async def _chain(self, n: int) -> None:
-        """A recurring schedule every CHAIN_EVERY s over the load."""
+    async def _chain(self, n: int, http: bool = False) -> None:
+        """A recurring schedule every CHAIN_EVERY s over the load (to the
+        receiver when ``http``)."""
         started = self.history.started
         start = datetime.fromtimestamp(started, UTC).replace(microsecond=0)
         start += timedelta(seconds=2 + n * CHAIN_EVERY / CHAINS)
@@ -322,11 +377,17 @@ class Load:
             "misfire": "fire_all",
             "maxCatchUp": 1000,
         }
-        body = {"id": schedule_id, "topic": self.topic, "payload": n, "recurrence": recurrence}
+        body = {
+            "id": schedule_id,
+            **self._destination(schedule_id, n, http),
+            "payload": n,
+            "recurrence": recurrence,
+        }
         self.recurring.add(schedule_id)
         invoked = self.history.invoke(
             schedule_id, ops.CREATE, time.time(), schedule_id,
             recurrence={"start": iso(start), "end": iso(end), "every": CHAIN_EVERY},
+            sink=HTTP if http else KAFKA,
         )  # fmt: skip
         for _ in range(CHAIN_TRIES):
             answer = await self.api.call("POST", "/v1/schedules", body)

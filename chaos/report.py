@@ -110,6 +110,11 @@ def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
             ", ".join(f"{k} {n}" for k, n in result.get("duplicates_by_kind", {}).items()),
         ),
         ("stale claims (two owners at once)", result["stale_claims"]),
+        ("delivered at the wrong destination", result.get("wrong_destination", 0)),
+        (
+            "DELIVERY_FAILED (besides those the receiver refused, as told)",
+            f"{result.get('delivery_failed', 0)} ({result.get('delivery_failed_refused', 0)})",
+        ),
         ("gone from the topic by the end", result["vanished"]),
         (
             "offsets the broker gave two records (a broker fault: judged in no run)",
@@ -125,6 +130,13 @@ def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
     if result.get("unfenced"):
         summary.insert(0, ("nodes", "UNFENCED (CHAOS_MODE=unfenced): expected to fail"))
+    if "receiver_answers" in result:
+        answers = ", ".join(f"{k} {v}" for k, v in result["receiver_answers"].items())
+        summary += [
+            ("delivered by HTTP", result.get("delivered_http", 0)),
+            ("receiver's answers by status", answers or "none"),
+            ("receiver: signatures that did not hold", result["bad_signatures"]),
+        ]
     return summary
 
 

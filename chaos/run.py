@@ -3,7 +3,9 @@ lab's local cluster of real node processes (``chaos/lab/``), under the load
 (``chaos/load.py``), by the fault player (``chaos/faults/player.py``),
 every call and fault written into one history (``chaos/history.py``); then
 the unknown outcomes settled (``chaos/settle.py``) and the history judged
-with what the topic got (``chaos/checker/``).
+with what the topic got and, when a share of the load goes by HTTP, what
+the run's webhook receiver took (``chaos/receipts.py``), as one stream
+(``chaos/checker/``).
 
 Each fault gets a window from its start to the end of the recovery
 allowance (failure detection plus a lease TTL); lateness is reported inside
@@ -39,16 +41,20 @@ from chaos.checker.model import (
     verb_answers,
 )
 from chaos.faults.player import Player
-from chaos.history import CANCEL, INFO, History, Topic
-from chaos.lab.cluster import LocalCluster
+from chaos.history import CANCEL, DELIVERY_FAILED, INFO, OBSERVER, History, Topic
+from chaos.lab.cluster import HOST, LocalCluster
 from chaos.lab.harness import broker_stores, until
 from chaos.lab.network import Namespaces, probe, sweep
-from chaos.load import Api, Load
+from chaos.lab.receiver import Receiver
+from chaos.load import Api, Load, Webhook
 from chaos.observe import Recorder, Sampler, judge_floods, note_stalls, note_unready, replay
+from chaos.receipts import ReceiverLog
 from chaos.scenario import Scenario
 from chaos.settle import needs_views, read_views, settle
 from chaos.summary import render, write
 from node.errors import StoreUnavailable
+from node.schedule.model import public_id
+from node.schedule.webhook import new_secret
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant
 
@@ -57,6 +63,8 @@ GRACE = 60.0  # after the load, how long every accepted schedule may take to arr
 LATE_COPIES = 2.0  # then how long late duplicates, if any, may take to arrive too
 # With AUTH=on, the tenant whose key every call of the run carries.
 ADMIN_TENANT = "chaos-admin"
+# The most DELIVERY_FAILED schedules read back by id at the end.
+FAILED_READ = 10_000
 
 
 class Run:
@@ -92,6 +100,16 @@ class Run:
             env["CLUSTER_KEYS"] = ",".join(base64.b64encode(k).decode() for k in self.cluster_keys)
         else:
             env["GOSSIP_UNSIGNED"] = "on"
+        self.receiver: Receiver | None = None
+        self.receipts: ReceiverLog | None = None
+        if scenario.http_share:
+            host = network.receiver_host if network is not None else HOST
+            self.receiver = Receiver(host, data_dir, new_secret())
+            # The nodes may reach the receiver's address only (the egress
+            # policy refuses private and loopback ones unless named), and
+            # sign with the secret it checks.
+            env["HTTP_TARGETS_ALLOW"] = f"{host}/32"
+            env["HTTP_SIGNING_SECRET"] = self.receiver.secret
         self.cluster = LocalCluster(
             data_dir,
             env=env,
@@ -115,6 +133,7 @@ class Run:
             cluster_keys=self.cluster_keys,
             no_namespaces=reason,
             settle_within=settle_within,
+            receiver=self.receiver,
         )
 
     def _network(
@@ -154,9 +173,13 @@ class Run:
             if settler is not None:
                 settler.cancel()
             self.cluster.close()
+            if self.receiver is not None:
+                self.receiver.close()
 
     async def _start_cluster(self) -> None:
         self.cluster.start_servers()
+        if self.receiver is not None:
+            await asyncio.to_thread(self.receiver.start)
         if self.scenario.auth:
             self.cluster.api_key = await self._admin_key()
         if self.cluster.durable_broker:
@@ -180,16 +203,35 @@ class Run:
                 topic=self.topic,
                 rate=self.scenario.rate,
                 duration=self.scenario.duration,
+                webhook=self._webhook(),
             )
-            # The reader names a recurring schedule's records by occurrence
+            # The readers name a recurring schedule's records by occurrence
             # from its create on.
             recorder = Recorder(self.cluster.kafka_bootstrap, self.topic, load.recurring)
+            if self.receiver is not None:
+                self.receipts = ReceiverLog(self.receiver.log_path, load.recurring)
             await recorder.start()
             self.history.started = time.time()
             sampler.start(self.history.started)
             await asyncio.gather(load.run(), self.player.play_all(self.steps))
         await self.player.aftermath()
         return load, recorder, sampler
+
+    def _webhook(self) -> Webhook | None:
+        if self.receiver is None:
+            return None
+        # Its own random source, drawn in the order the schedules are made:
+        # which of them go by HTTP is the same for the same seed.
+        rng = random.Random(f"sinks {self.seed}")
+        return Webhook(self.receiver.url, self.scenario.http_share, rng)
+
+    def _received(self) -> set[str]:
+        """The units the receiver took, and those it refused for good (read
+        from its log now)."""
+        if self.receipts is None:
+            return set()
+        self.receipts.read()
+        return self.receipts.units() | self.receipts.refused
 
     def _urls(self, names: list[str]) -> list[str]:
         return [self.cluster.nodes[name].url for name in names]
@@ -207,7 +249,7 @@ class Run:
         owed = expected(settle(self.history, views))
 
         def all_arrived() -> bool:
-            return owed <= {r[0] for r in recorder.records}
+            return owed <= {r[0] for r in recorder.records} | self._received()
 
         await until(all_arrived, GRACE, "every accepted schedule", strict=False)
         return views
@@ -220,12 +262,22 @@ class Run:
         garbage_failed = judge_floods(settled, samples)
         note_unready(settled, samples)
         statuses = await self._statuses()
+        for failed in await self._failed():
+            settled.event(OBSERVER, DELIVERY_FAILED, time.time(), **failed)
         await recorder.stop()
         kept = await replay(
             self.cluster.kafka_bootstrap, self.topic, load.recurring, len(recorder.records)
         )
         self.judged = settled
-        result = check(settled, Topic(tuple(recorder.deliveries), frozenset(kept)))
+        self._received()
+        received = Topic(
+            (*recorder.deliveries, *(self.receipts.deliveries if self.receipts else ())),
+            frozenset(kept),
+            frozenset(self.receipts.refused if self.receipts else ()),
+        )
+        result = check(settled, received)
+        if self.receipts is not None:
+            result.update(receiver_figures(self.receipts))
         result.update(
             scenario=self.scenario.name,
             auth=self.scenario.auth,
@@ -293,6 +345,40 @@ class Run:
         finally:
             await client.close()
         return {str(row["_id"]): int(row["n"]) for row in sorted(rows, key=lambda r: str(r["_id"]))}
+
+    async def _failed(self) -> list[dict[str, Any]]:
+        """The schedules the store holds DELIVERY_FAILED at the end: each
+        its id and last error (none when the store cannot say: the status
+        count says how many)."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.cluster.mongo_uri, serverSelectionTimeoutMS=5000
+        )
+        try:
+            cursor = client[self.cluster.database].schedules.find(
+                {"status": "DELIVERY_FAILED"}, {"_id": 1, "lastError": 1}, limit=FAILED_READ
+            )
+            docs = await cursor.to_list()
+        except PyMongoError:
+            return []
+        finally:
+            await client.close()
+        return [
+            {"id": public_id(str(doc["_id"])), "error": str(doc.get("lastError") or "")[:200]}
+            for doc in docs
+        ]
+
+
+def receiver_figures(receipts: ReceiverLog) -> dict[str, Any]:
+    """What the receiver answered, for the summary: every answer by status,
+    the units it refused for good, the requests that failed their
+    signatures (which fails a run) and those that named no schedule."""
+    return {
+        "receiver_answers": {str(k): v for k, v in sorted(receipts.answers.items())},
+        "receiver_refused": len(receipts.refused),
+        "receiver_unnamed": receipts.unnamed,
+        "bad_signatures": len(receipts.unsigned),
+        "bad_signatures_ids": sorted(receipts.unsigned)[:20],
+    }
 
 
 def main(

@@ -9,6 +9,7 @@ A file looks like::
       "duration": 60,                 # seconds of load
       "rate": 50,                     # schedules posted per second
       "auth": false,                  # true: AUTH=on, every call with an admin key
+      "http_share": 0.25,             # of the schedules, delivered by HTTP (default 0)
       "cluster_keys": false,          # true: a fresh CLUSTER_KEYS key signs gossip
       "timeline": [
         {"at": 10, "do": "start"},                        # one more node
@@ -22,6 +23,10 @@ A file looks like::
         {"at": 50, "do": "cut-store", "target": "random", "for": 10},  # that link only
         {"at": 52, "do": "skew-clock", "target": "random", "seconds": 30},
         {"at": 54, "do": "garbage-gossip", "target": "random", "for": 10, "rate": 100},
+        {"at": 56, "do": "receiver-down", "for": 20},     # SIGKILL, restart
+        {"at": 58, "do": "receiver-503", "for": 10, "retry_after": 5},
+        {"at": 60, "do": "receiver-slow", "for": 10},     # answers after 30 s
+        {"at": 62, "do": "receiver-400", "for": 5},       # refuses for good
         {"at": 12, "every": 10, "until": 50, "do": "kill", "target": "random",
          "restart": true},                                # a node dies every 10 s
         {"at": 10, "every": 9, "until": 590, "do": "any", "kinds": ["kill", "pause"],
@@ -57,7 +62,11 @@ ACTIONS = (
     "start", "kill", "stop", "pause", "restart", "isolate", "split",
     "crash-store", "pause-broker", "crash-broker",
     "cut-store", "cut-broker", "skew-clock", "garbage-gossip",
+    "receiver-down", "receiver-503", "receiver-slow", "receiver-400",
 )  # fmt: skip
+# The faults of the webhook receiver (``chaos/lab/receiver.py``): only in a
+# scenario that delivers a share of its schedules by HTTP.
+RECEIVER_STEPS = ("receiver-down", "receiver-503", "receiver-slow", "receiver-400")
 # Which fields each action takes besides at/every/until/do.
 FIELDS: dict[str, set[str]] = {
     "start": set(),
@@ -89,11 +98,20 @@ FIELDS: dict[str, set[str]] = {
     # Hostile datagrams and push-pull streams at the node's gossip port for
     # "for" seconds, "rate" datagrams a second (default 100).
     "garbage-gossip": {"target", "for", "rate"},
+    # The receiver killed (connection refused), restarted after "for" seconds.
+    "receiver-down": {"for"},
+    # For "for" seconds the receiver answers 503 with Retry-After
+    # "retry_after" seconds (default 5), or answers only after 30 s, or
+    # answers 400 (refused for good: those schedules end DELIVERY_FAILED).
+    "receiver-503": {"for", "retry_after"},
+    "receiver-slow": {"for"},
+    "receiver-400": {"for"},
 }
 # Node faults that last: the node is out of the picture (or under attack)
 # until they end, so no other step picks it meanwhile.
 LASTING_NODE_FAULTS = ("pause", "isolate", "cut-store", "cut-broker", "garbage-gossip")
 GARBAGE_RATE = 100.0  # datagrams a second, when a garbage-gossip step names none
+RETRY_AFTER = 5  # seconds, when a receiver-503 step names none
 
 # -- drawing (``any``) --------------------------------------------------------------
 # What each kind holds while it runs: one "node" fault at a time (a node
@@ -115,15 +133,28 @@ HOLDS: dict[str, tuple[str, ...]] = {
     "skew-clock": ("churn",),
     "stop": ("churn",),
     "start": ("churn",),
+    **{kind: ("receiver",) for kind in RECEIVER_STEPS},
 }
 # Seconds a kind keeps holding after its outage ends: the cluster takes the
 # node back, or moves its buckets, before the next fault of the same sort.
-RECOVERY = {"node": 10.0, "store": 5.0, "broker": 5.0}
+RECOVERY = {"node": 10.0, "store": 5.0, "broker": 5.0, "receiver": 5.0}
 CHURN = 8.0  # a node starting (or leaving) is ready (or gone) within this
 MIN_NODES, MAX_NODES = 3, 5  # drawn starts and stops keep the count in between
 DRAW_LONGEST = 15.0  # the longest node outage drawn, when an ``any`` names none
 # The shortest spacing a scaled-down ``any`` keeps (``Scenario.scaled``).
 MIN_EVERY = 4.0
+
+
+# The labels of the steps that hit no node, each followed by its length.
+WHOLE_LABELS = {
+    "crash-store": "crash the store",
+    "pause-broker": "pause the broker",
+    "crash-broker": "crash the broker",
+    "split": "split the cluster",
+    "receiver-down": "take the receiver down",
+    "receiver-slow": "receiver answers slowly",
+    "receiver-400": "receiver answers 400",
+}
 
 
 class ScenarioError(ValueError):
@@ -141,6 +172,7 @@ class Step:
     restart: bool = False  # after a kill: start a fresh node with the same name
     skew: float = 0.0  # skew-clock: seconds the node's wall clock runs off
     rate: float = 0.0  # garbage-gossip: datagrams a second
+    retry_after: int = 0  # receiver-503: the Retry-After it answers with
 
     @property
     def partitions(self) -> bool:
@@ -155,14 +187,10 @@ class Step:
     def label(self) -> str:
         if self.do == "start":
             return "start a node"
-        if self.do == "crash-store":
-            return f"crash the store for {self.lasting:g} s"
-        if self.do == "pause-broker":
-            return f"pause the broker for {self.lasting:g} s"
-        if self.do == "crash-broker":
-            return f"crash the broker for {self.lasting:g} s"
-        if self.do == "split":
-            return f"split the cluster for {self.lasting:g} s"
+        if self.do in WHOLE_LABELS:
+            return f"{WHOLE_LABELS[self.do]} for {self.lasting:g} s"
+        if self.do == "receiver-503":
+            return f"receiver answers 503 (Retry-After {self.retry_after} s) for {self.lasting:g} s"
         node = "a random node" if self.target == "random" else self.target
         if self.do in ("cut-store", "cut-broker"):
             server = "store" if self.do == "cut-store" else "broker"
@@ -263,6 +291,9 @@ class Draw:
             return Step(at, kind, target="", lasting=seconds(3.0, min(10.0, longest)))
         if kind == "skew-clock":
             return Step(at, kind, skew=rng.choice((-1, 1)) * rng.randint(5, 60))
+        if kind in RECEIVER_STEPS:
+            retry_after = rng.randint(1, 10) if kind == "receiver-503" else 0
+            return Step(at, kind, "", seconds(5.0, longest), retry_after=retry_after)
         if kind == "start":
             return Step(at, kind, target="")
         return Step(at, kind)  # stop, restart: a random node
@@ -339,6 +370,9 @@ class Scenario:
     draws: tuple[Draw, ...] = ()
     auth: bool = False  # AUTH=on: every call with an admin tenant's API key
     cluster_keys: bool = False  # CLUSTER_KEYS: gossip (and wake-up hints) signed
+    # Of the load's schedules, the share delivered by HTTP to the run's
+    # receiver instead of to the topic (0: no receiver runs).
+    http_share: float = 0.0
 
     def scaled(self, *, nodes: int | None, duration: float | None, rate: float | None) -> Scenario:
         """The same faults at the same share of a longer or shorter run.
@@ -395,7 +429,9 @@ def load(name_or_path: str) -> Scenario:
     return parse(path.stem, data, where=str(path))
 
 
-TOP_FIELDS = {"description", "nodes", "duration", "rate", "timeline", "auth", "cluster_keys"}
+TOP_FIELDS = {
+    "description", "nodes", "duration", "rate", "timeline", "auth", "cluster_keys", "http_share",
+}  # fmt: skip
 
 
 def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
@@ -407,6 +443,7 @@ def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
     nodes = _number(data, "nodes", where, low=1, high=20, integer=True)
     duration = _number(data, "duration", where, low=1, high=3600)
     rate = _number(data, "rate", where, low=0.1, high=10_000)
+    http_share = _number(data, "http_share", where, low=0, high=1) if "http_share" in data else 0.0
     switches = {key: data.get(key, False) for key in ("auth", "cluster_keys")}
     for key, value in switches.items():
         if not isinstance(value, bool):
@@ -422,6 +459,7 @@ def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
             draws.append(_draw(entry, at, duration))
         else:
             steps.extend(_steps(entry, at, duration))
+    _receiver_needed(steps, draws, http_share, where)
     return Scenario(
         name,
         str(data.get("description", "")),
@@ -432,7 +470,18 @@ def parse(name: str, data: Any, *, where: str = "scenario") -> Scenario:
         tuple(draws),
         auth=switches["auth"],
         cluster_keys=switches["cluster_keys"],
+        http_share=http_share,
     )
+
+
+def _receiver_needed(
+    steps: Sequence[Step], draws: Sequence[Draw], http_share: float, where: str
+) -> None:
+    """A receiver fault needs a receiver: a run with an http share."""
+    kinds = {s.do for s in steps} | {kind for d in draws for kind in d.kinds}
+    wanted = sorted(kinds & set(RECEIVER_STEPS))
+    if wanted and not http_share:
+        raise ScenarioError(f"{where}: {', '.join(wanted)} needs an http_share above 0")
 
 
 def _times(entry: dict[str, Any], where: str, duration: float) -> tuple[float, float, float]:
@@ -459,10 +508,11 @@ def _steps(entry: Any, where: str, duration: float) -> list[Step]:
         raise ScenarioError(f"{where}: restart must be true or false")
     skew = _skew(entry, where) if do == "skew-clock" else 0.0
     rate = _rate(entry, where) if do == "garbage-gossip" else 0.0
+    retry_after = _retry_after(entry, where) if do == "receiver-503" else 0
     times = [at]
     while every and times[-1] + every <= until:
         times.append(times[-1] + every)
-    return [Step(t, do, target, lasting, restart, skew, rate) for t in times]
+    return [Step(t, do, target, lasting, restart, skew, rate, retry_after) for t in times]
 
 
 def _action(entry: Any, where: str) -> str:
@@ -499,6 +549,12 @@ def _rate(entry: dict[str, Any], where: str) -> float:
     if "rate" not in entry:
         return GARBAGE_RATE
     return _number(entry, "rate", where, low=1, high=10_000)
+
+
+def _retry_after(entry: dict[str, Any], where: str) -> int:
+    if "retry_after" not in entry:
+        return RETRY_AFTER
+    return int(_number(entry, "retry_after", where, low=1, high=3600, integer=True))
 
 
 def _draw(entry: dict[str, Any], where: str, duration: float) -> Draw:

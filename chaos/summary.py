@@ -54,7 +54,10 @@ def _headline(result: dict[str, Any]) -> list[str]:
         f"rescheduled at the wrong time {result.get('rescheduled_wrong_time', 0)}, "
         f"duplicates {result['duplicates']} ({_kinds(result['duplicates_by_kind'])}), "
         f"stale claims {result['stale_claims']}, gone from the topic {result['vanished']}, "
-        f"unexpected occurrences {result['unexpected_occurrences']}",
+        f"unexpected occurrences {result['unexpected_occurrences']}, "
+        f"at the wrong destination {result.get('wrong_destination', 0)}, "
+        f"DELIVERY_FAILED {result.get('delivery_failed', 0)} "
+        f"(besides {result.get('delivery_failed_refused', 0)} the receiver refused, as told)",
     ]
 
 
@@ -64,6 +67,7 @@ def _figures(result: dict[str, Any]) -> list[str]:
     shown = f" ({', '.join(result['late_outside_windows_ids'][:5])} ...)" if late else ""
     return [
         _verb_line(result),
+        *_receiver_lines(result),
         *_broker_reuse_lines(result),
         *_duplicate_lines(result),
         f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
@@ -139,6 +143,21 @@ def _verb_line(result: dict[str, Any]) -> str:
     )
 
 
+def _receiver_lines(result: dict[str, Any]) -> list[str]:
+    """What the receiver answered (a run with an http share only)."""
+    if "receiver_answers" not in result:
+        return []
+    answers = ", ".join(f"{k} {v}" for k, v in result["receiver_answers"].items()) or "none"
+    bad = result["bad_signatures"]
+    shown = f" ({', '.join(result['bad_signatures_ids'][:5])} ...)" if bad else ""
+    return [
+        f"receiver: {result.get('delivered_http', 0)} units delivered by HTTP; answers by "
+        f"status: {answers}; {result['receiver_refused']} units refused for good; "
+        f"signatures that did not hold {bad}{shown}; requests naming no schedule "
+        f"{result['receiver_unnamed']}"
+    ]
+
+
 def _kinds(by_kind: dict[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in by_kind.items())
 
@@ -167,7 +186,7 @@ def _duplicate_lines(result: dict[str, Any]) -> list[str]:
         why = f" ({entry['window']})" if entry["window"] else ""
         copies = "; ".join(
             f"t{c['token']}/a{c['attempt']} at {c['at'] - result['started']:.3f} s "
-            f"#{c['digest'] or '?'} {c['partition']}:{c['offset']}"
+            f"#{c['digest'] or '?'} {_where(c)}"
             for c in entry["copies"]
         )
         lines.append(f"  {entry['id']}: {entry['kind']}{why}: {copies}")
@@ -177,6 +196,13 @@ def _duplicate_lines(result: dict[str, Any]) -> list[str]:
             f"(summary.json lists {len(explained)})"
         )
     return lines
+
+
+def _where(copy: dict[str, Any]) -> str:
+    """Where a copy arrived: partition:offset of the topic, or the receiver."""
+    if copy.get("sink") == "http":
+        return "http"
+    return f"{copy['partition']}:{copy['offset']}"
 
 
 def write(result: dict[str, Any], out: Path, history: History | None = None) -> None:

@@ -38,12 +38,20 @@ class Load:
         return invoked, self.history.complete(invoked, type_, at, **status)
 
     def create(
-        self, unit: str, execute_at: float, *, at: float = 0.0, group: str | None = None
+        self,
+        unit: str,
+        execute_at: float,
+        *,
+        at: float = 0.0,
+        group: str | None = None,
+        sink: str | None = None,
     ) -> Load:
-        """A one-shot schedule's create that took (a 201)."""
+        """A one-shot schedule's create that took (a 201); ``sink``: the
+        destination it named, as the load notes it (none: as before sinks)."""
         labels = {"group": group} if group else {}
+        named = {"sink": sink} if sink else {}
         invoked = self.history.invoke(
-            unit, ops.CREATE, at, unit, executeAt=execute_at, tenant="default", **labels
+            unit, ops.CREATE, at, unit, executeAt=execute_at, tenant="default", **labels, **named
         )
         self.history.complete(invoked, ops.OK, at + TOOK, status=201)
         return self
@@ -53,10 +61,15 @@ class Load:
             self.create(unit, execute_at, group=group)
         return self
 
-    def chain(self, schedule: str, start: float, end: float, every: float) -> list[str]:
+    def chain(
+        self, schedule: str, start: float, end: float, every: float, *, sink: str | None = None
+    ) -> list[str]:
         """A recurring schedule's create that took; its occurrences' units."""
         recurrence = {"start": iso(start), "end": iso(end), "every": every}
-        invoked = self.history.invoke(schedule, ops.CREATE, 0.0, schedule, recurrence=recurrence)
+        named = {"sink": sink} if sink else {}
+        invoked = self.history.invoke(
+            schedule, ops.CREATE, 0.0, schedule, recurrence=recurrence, **named
+        )
         self.history.complete(invoked, ops.OK, TOOK, status=201)
         return list(occurrences(schedule, recurrence))
 
@@ -67,6 +80,19 @@ class Load:
     def patch(self, unit: str, execute_at: float, answered: float, type_: str = ops.OK) -> Load:
         """A PATCH of ``unit``'s executeAt, answered (or given up on) then."""
         self._call(unit, ops.PATCH, answered, type_, unit, executeAt=execute_at)
+        return self
+
+    def switch(
+        self, unit: str, sink: str, execute_at: float, answered: float, type_: str = ops.OK
+    ) -> Load:
+        """A PATCH that moves ``unit`` to ``execute_at`` and switches its
+        destination to ``sink``, as the load sends one."""
+        self._call(unit, ops.PATCH, answered, type_, unit, executeAt=execute_at, sink=sink)
+        return self
+
+    def failed(self, schedule: str, error: str = "HTTP 400") -> Load:
+        """The store held ``schedule`` DELIVERY_FAILED at the end."""
+        self.history.event(ops.OBSERVER, ops.DELIVERY_FAILED, 0.0, id=schedule, error=error)
         return self
 
     def pause(self, unit: str, answered: float, type_: str = ops.OK) -> Load:
@@ -88,7 +114,9 @@ class Load:
         )
         return self
 
-    def fault(self, do: str, at: float, lasting: float = 0.0, step: str | None = None) -> Op:
+    def fault(
+        self, do: str, at: float, lasting: float = 0.0, step: str | None = None, **fields: Any
+    ) -> Op:
         """A fault the player played ``at`` seconds from the start."""
         return self.history.event(
             ops.NEMESIS,
@@ -98,6 +126,7 @@ class Load:
             do=do,
             step=step or f"{do} for {lasting:g} s",
             lasting=lasting,
+            **fields,
         )
 
     def note(self, of: Op, at: float, **fields: Any) -> Op:
@@ -116,8 +145,10 @@ def created(accepted: Mapping[str, float], **meta: Any) -> History:
     return Load(**meta).created(accepted).history
 
 
-def topic(*deliveries: Delivery, kept: Iterable[str] | None = None) -> Topic:
-    return Topic(tuple(deliveries), None if kept is None else frozenset(kept))
+def topic(
+    *deliveries: Delivery, kept: Iterable[str] | None = None, refused: Iterable[str] = ()
+) -> Topic:
+    return Topic(tuple(deliveries), None if kept is None else frozenset(kept), frozenset(refused))
 
 
 def as_run(result: dict[str, Any], **fields: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chaos.checker import INVARIANTS, check, passed
-from chaos.history import INFO, Delivery, History, Topic, occurrence
+from chaos.history import HTTP, INFO, KAFKA, Delivery, History, Topic, occurrence
 from ring import bucket_for
 from tests.chaos_histories import Load, created, iso, topic
 
@@ -270,7 +270,14 @@ def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
     sent = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=40)
     again = Delivery("p", 5, 1, 125.1234, "9f2c", partition=0, offset=57)
     result = check(broker_paused({"p": 125.0}), topic(later, sent, again))
-    copy = {"token": 5, "attempt": 1, "at": 125.123, "digest": "9f2c", "partition": 0}
+    copy = {
+        "token": 5,
+        "attempt": 1,
+        "at": 125.123,
+        "digest": "9f2c",
+        "partition": 0,
+        "sink": "kafka",
+    }
     assert result["duplicates_explained"] == [
         {
             "id": "p",
@@ -286,6 +293,7 @@ def test_a_duplicate_is_explained_with_its_copies_in_time_order() -> None:
                     "digest": "9f2c",
                     "partition": 1,
                     "offset": 3,
+                    "sink": "kafka",
                 },
             ],
         }
@@ -534,6 +542,25 @@ def test_a_delivery_late_outside_every_intended_window_fails_the_run() -> None:
     assert fine["late_outside_windows"] == 0 and passed(fine)
 
 
+def test_a_chain_replaying_its_backlog_is_late_by_its_first_missed_occurrence_only() -> None:
+    # The broker down 100 to 160 (intended until 180); the chain's missed
+    # occurrences go out one after another from 170, two seconds apart, so
+    # the last, due at 185 (after the window), goes at 204: 19 s late, all
+    # but 2 of them waiting on the one before it (out at 202).
+    load = Load()
+    ticks = load.chain("c", 100.0, 185.0, 5)
+    load.fault("crash-broker", 100.0, 60.0)
+    replayed = [
+        Delivery(unit, 1, 1, max(170.0 + 2 * k, 100.0 + 5 * k)) for k, unit in enumerate(ticks)
+    ]
+    assert replayed[-1].at == 204.0
+    result = check(load.history, topic(*replayed))
+    assert passed(result) and result["late_outside_windows"] == 0
+    # Out at 220 instead: 18 s after the one before it, its own lateness.
+    stuck = [*replayed[:-1], replace(replayed[-1], at=220.0)]
+    assert check(load.history, topic(*stuck))["late_outside_windows_ids"] == [ticks[-1]]
+
+
 def test_a_broker_stall_most_nodes_saw_is_an_intended_window() -> None:
     def stalled(*, most: bool) -> History:
         load = Load().created({"a": 1040.0})
@@ -599,6 +626,19 @@ BREAKS: dict[str, Callable[[], tuple[History, Topic]]] = {
     "stale_claims": _breaks_stale_claims,
     "unexpected_occurrences": _breaks_unexpected_occurrences,
     "late_outside_windows": lambda: (created({"a": 100.0}), topic(Delivery("a", 1, 1, 111.0))),
+    # Switched to the receiver at 99, then a record in the topic after that.
+    "wrong_destination": lambda: (
+        Load().create("w", 100.0, sink=KAFKA).switch("w", HTTP, 102.0, 99.0).history,
+        topic(
+            Delivery("w", 1, 1, 102.1, execute_at=102.0, sink=HTTP),
+            Delivery("w", 2, 1, 102.2, execute_at=102.0),
+        ),
+    ),
+    # Given up on, and the receiver refused nothing of it.
+    "delivery_failed": lambda: (
+        Load().create("f", 100.0).failed("f").history,
+        topic(Delivery("f", 1, 1, 100.1)),
+    ),
 }
 
 

@@ -4,8 +4,9 @@ schedules' views after the run."""
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,12 +16,24 @@ from aiohttp import web
 
 from chaos import load as load_module
 from chaos.checker.model import bulk_calls, changes, expected, facts, unsettled, verb_answers
-from chaos.history import CANCEL, CREATE, FAIL, INFO, OK, PATCH, PAUSE, RESUME, History
+from chaos.history import (
+    CANCEL,
+    CREATE,
+    FAIL,
+    HTTP,
+    INFO,
+    KAFKA,
+    OK,
+    PATCH,
+    PAUSE,
+    RESUME,
+    History,
+)
 from chaos.lab.harness import iso
-from chaos.load import RETRY_AFTER_CAP, Api, Load, retry_after
+from chaos.load import RETRY_AFTER_CAP, Api, Load, Webhook, retry_after
 from chaos.settle import needs_views, read_views, settle
 
-Handler = Callable[[web.Request], web.Response]
+Handler = Callable[[web.Request], web.Response | Awaitable[web.Response]]
 
 
 @pytest.fixture
@@ -32,7 +45,8 @@ async def node() -> AsyncIterator[tuple[str, dict[str, Handler]]]:
         handler = handlers.get(f"{request.method} {request.path}")
         if handler is None:
             return web.json_response({"error": {"code": "not_found"}}, status=404)
-        return handler(request)
+        answered = handler(request)
+        return await answered if inspect.isawaitable(answered) else answered
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", route)
@@ -275,3 +289,65 @@ async def test_the_views_come_from_the_first_node_that_shows_the_schedule(
     handlers["GET /v1/schedules/s2"] = answer(503, {"error": {"code": "store_unavailable"}})
     found = await read_views(lambda: ["http://127.0.0.1:9", url], {"s1", "s2", "s3"}, {})
     assert found == {"s1": view("CANCELLED")}
+
+
+def taking(status: int, body: dict[str, Any], bodies: list[Any]) -> Handler:
+    """Answer ``status`` and ``body``, keeping each request's JSON body."""
+
+    async def handler(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.json_response(body, status=status)
+
+    return handler
+
+
+async def test_an_http_schedule_names_the_receiver_and_its_create_notes_the_sink(
+    node: tuple[str, dict[str, Handler]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, handlers = node
+    monkeypatch.setattr(load_module, "CANCEL_SHARE", 0.0)
+    monkeypatch.setattr(load_module, "RESCHEDULE_SHARE", 0.0)
+    monkeypatch.setattr(load_module, "PAUSE_SHARE", 0.0)
+    bodies: list[Any] = []
+    handlers["POST /v1/schedules"] = taking(201, {"status": "PENDING", "version": 1}, bodies)
+    history = History(started=0.0)
+    async with aiohttp.ClientSession() as session:
+        load = await a_load(url, session, history)
+        load.webhook = Webhook("http://10.0.0.4:8000", 0.25, random.Random(1))
+        await load._schedule(4, http=True)
+        await load._schedule(5)
+    to_receiver, to_topic = bodies
+    assert to_receiver["http"] == {
+        "url": "http://10.0.0.4:8000/hooks/s4",
+        "method": "PUT",  # the methods taken in turn
+        "headers": {"x-chaos-schedule": "s4"},
+        "timeout": "PT10S",
+    }
+    assert "topic" not in to_receiver and to_topic["topic"] == "t" and "http" not in to_topic
+    assert {c.schedule: c["sink"] for c in history.calls(CREATE)} == {"s4": HTTP, "s5": KAFKA}
+    assert facts(history).destinations.in_force("s4") == [HTTP]
+
+
+async def test_a_switching_patch_moves_the_time_and_the_destination_together(
+    node: tuple[str, dict[str, Handler]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, handlers = node
+    monkeypatch.setattr(load_module, "VERB_DELAY", 0.0)
+    monkeypatch.setattr(load_module, "RESCHEDULE_AGAIN", 0.0)
+    monkeypatch.setattr(load_module, "SWITCH_SHARE", 1.0)
+    bodies: list[Any] = []
+    handlers["PATCH /v1/schedules/ok"] = taking(200, {"status": "PENDING", "version": 3}, bodies)
+    history = History(started=0.0)
+    op = history.invoke("ok", CREATE, 1.0, "ok", executeAt=100.0, group="g0", sink=KAFKA)
+    history.complete(op, OK, 1.1, version=1)
+    async with aiohttp.ClientSession() as session:
+        load = await a_load(url, session, history)
+        load.webhook = Webhook("http://10.0.0.4:8000", 0.25, random.Random(1))
+        await load._reschedule("ok", 1, 7, http=False)
+    [body] = bodies
+    assert set(body) == {"executeAt", "http"} and body["http"]["url"].endswith("/hooks/ok")
+    [patch] = history.calls(PATCH)
+    assert patch["sink"] == HTTP and patch.type == OK
+    known = facts(history)
+    assert known.destinations.in_force("ok") == [HTTP]
+    assert known.accepted["ok"] == patch["executeAt"]

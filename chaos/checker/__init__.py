@@ -1,6 +1,7 @@
 """The invariants of a chaos run, judged from its history (what the load
 was told: 201s, cancellations, the verbs' answers; what the nemesis broke
-and when) and what the topic got. Pure: no IO, no clock.
+and when) and what the sinks got: the topic's records and the receiver's
+requests, one stream keyed by unit. Pure: no IO, no clock.
 
 One function per invariant, each ``(history, topic) -> Finding``, composed
 the way Jepsen's ``checker/compose`` runs named checkers side by side:
@@ -10,8 +11,11 @@ one history and merges their findings into the run's result, which
 
 * ``lost``, ``early``, ``early_received``, ``stale_claims``, ``vanished``,
   ``unexpected_occurrences`` (``invariants.py``);
-* ``cancelled_delivered``, ``paused_delivered``, ``rescheduled_wrong_time``:
-  what the verbs said would not go out (``verbs.py``);
+* ``delivery_failed``: given up on, but not refused by the receiver
+  (``invariants.py``);
+* ``cancelled_delivered``, ``paused_delivered``, ``rescheduled_wrong_time``,
+  ``wrong_destination``: what the verbs said would not go out, or not
+  there (``verbs.py``);
 * ``duplicates``: delivered more than once, each unit's repeat told apart
   by kind; only a repeat under one claim fails (``duplicates.py``);
 * ``late_outside_windows``, and the lateness figures (``lateness.py``);
@@ -42,6 +46,7 @@ from chaos.checker.duplicates import (
 from chaos.checker.figures import offsets_reused, tally
 from chaos.checker.finding import Finding
 from chaos.checker.invariants import (
+    delivery_failed,
     early,
     early_received,
     lost,
@@ -52,7 +57,12 @@ from chaos.checker.invariants import (
 from chaos.checker.lateness import late_outside_windows, lateness
 from chaos.checker.model import LATE_OUTSIDE_WINDOWS, Changes, Window
 from chaos.checker.units import SAME_TIME
-from chaos.checker.verbs import cancelled_delivered, paused_delivered, rescheduled_wrong_time
+from chaos.checker.verbs import (
+    cancelled_delivered,
+    paused_delivered,
+    rescheduled_wrong_time,
+    wrong_destination,
+)
 from chaos.history import Delivery, History, Topic, occurrence
 
 Checker = Callable[[History, Topic], Finding]
@@ -63,6 +73,7 @@ INVARIANTS: tuple[Checker, ...] = (
     cancelled_delivered,
     paused_delivered,
     rescheduled_wrong_time,
+    wrong_destination,
     early,
     early_received,
     duplicates,
@@ -70,6 +81,7 @@ INVARIANTS: tuple[Checker, ...] = (
     stale_claims,
     unexpected_occurrences,
     late_outside_windows,
+    delivery_failed,
 )
 # What the result reports beside them, failing no run.
 FIGURES: tuple[Checker, ...] = (tally, offsets_reused, lateness)
@@ -118,7 +130,8 @@ def passed(result: Mapping[str, Any]) -> bool:
     judged them, its floods of garbage gossip: ``garbage_failures``; where
     it read the store at the end, the schedules still IN_FLIGHT then:
     ``stranded``, held by no round and owed a delivery or a mark for good;
-    where it named the faults' intended windows, ``late_outside_windows``).
+    where it named the faults' intended windows, ``late_outside_windows``;
+    where its receiver checked the signatures, ``bad_signatures``).
     An invariant the check did not run has nothing to say."""
     return all(
         result.get(key, 0) == 0
@@ -136,5 +149,8 @@ def passed(result: Mapping[str, Any]) -> bool:
             "garbage_failures",
             "stranded",
             "late_outside_windows",
+            "wrong_destination",
+            "delivery_failed",
+            "bad_signatures",
         )
     )

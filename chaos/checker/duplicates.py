@@ -5,8 +5,10 @@ kind, with the copies and the fault that explain it as evidence:
   delivered again what the old one had in flight when it died, slept or
   lost its lease;
 - ``retried_publish``: one token, different attempts. The owner's publish
-  was reported failed (timed out) though the broker had stored it, or its
-  completion write was lost, and it published again on a later attempt;
+  was reported failed (timed out) though the broker had stored it (or the
+  receiver had taken the request: it answered after the node's timeout,
+  or died before its answer went out), or its completion write was lost,
+  and it sent it again on a later attempt;
 - ``across_store_crash``: one (token, attempt), the copies on both sides
   of a database crash: the first sent before the database came back (a
   claim acknowledged just before the kill is published as it lands, or
@@ -15,15 +17,17 @@ kind, with the copies and the fault that explain it as evidence:
   again; marks are journaled first), so after the crash the owner claims
   the same schedule again with the same token and attempt number;
 - ``deferred_publish``: one (token, attempt), sent again later (another
-  record timestamp), every earlier send inside a broker fault (paused,
-  crashed or cut off by the runner, or stalled on its own while the nodes'
-  /readyz said so: the observer's broker stalls). The broker stored the
-  record but its answer was lost to the fault; the node took that for the
-  broker's trouble, which spends no attempt (the claim is undone, the
-  schedule back to PENDING), and published it again under the same attempt
-  once the broker answered (never within DEFERRED_MIN_GAP: the first send
-  had to fail first, and a record the broker stored and never answered
-  fails by a timeout or the broker's restart);
+  record timestamp), every earlier send inside a fault of the sink it
+  arrived at: a broker fault (paused, crashed or cut off by the runner, or
+  stalled on its own while the nodes' /readyz said so: the observer's
+  broker stalls), or for a request a receiver fault. The destination
+  stored the record (took the request) but its answer was lost to the
+  fault; the node took that for the destination's trouble, which spends
+  no attempt (the claim is undone, the schedule back to PENDING: a broker
+  that did not answer, or the probe of an open circuit that timed out),
+  and sent it again under the same attempt once the destination answered
+  (never within DEFERRED_MIN_GAP: the first send had to fail first, and a
+  send stored and never answered fails by a timeout or a restart);
 - ``producer_retry``: one (token, attempt), copies with the same value
   digest and the same record timestamp, that timestamp inside a broker
   fault (paused, crashed or cut off). The producer resent a request whose
@@ -48,7 +52,7 @@ from itertools import pairwise
 from typing import Any
 
 from chaos.checker.finding import Finding
-from chaos.checker.model import Window, facts
+from chaos.checker.model import Faults, Window, facts
 from chaos.checker.units import by_unit, delivered
 from chaos.history import Delivery, History, Topic
 
@@ -99,6 +103,7 @@ class Duplicate:
                     "digest": c.digest,
                     "partition": c.partition,
                     "offset": c.offset,
+                    "sink": c.sink,
                 }
                 for c in self.copies
             ],
@@ -111,7 +116,7 @@ def duplicates(history: History, topic: Topic) -> Finding:
     The units under one claim (``same_claim``) break the invariant."""
     faults = facts(history).faults
     found = [
-        explain(unit, copies, faults.broker, faults.store_crashes)
+        explain(unit, copies, faults)
         for unit, copies in sorted(by_unit(delivered(topic)).items())
         if len(copies) > 1
     ]
@@ -130,12 +135,7 @@ def duplicates(history: History, topic: Topic) -> Finding:
     )
 
 
-def explain(
-    unit: str,
-    copies: Sequence[Delivery],
-    broker_faults: Sequence[Window],
-    store_crashes: Sequence[Window],
-) -> Duplicate:
+def explain(unit: str, copies: Sequence[Delivery], faults: Faults) -> Duplicate:
     """The kind of one unit's repeat: each claim (token, attempt) delivered
     more than once is judged on its own; without one, the copies differ in
     token (a new owner) or only in attempt (the same owner again)."""
@@ -146,7 +146,7 @@ def explain(
         finding
         for claim in claims.values()
         if len(claim) > 1
-        for finding in _one_claim(claim, broker_faults, store_crashes)
+        for finding in _one_claim(claim, faults)
     ]
     if not found:
         tokens = {c.token for c in copies}
@@ -155,49 +155,48 @@ def explain(
     return Duplicate(unit, kind, window, tuple(sorted(copies, key=lambda c: c.at)))
 
 
-def _one_claim(
-    claim: Sequence[Delivery],
-    broker_faults: Sequence[Window],
-    store_crashes: Sequence[Window],
-) -> Iterable[tuple[str, str | None]]:
+# One send of a claim: when (the record's timestamp, or when the receiver
+# read the request), the digest of what it carried, and the sink it reached.
+Send = tuple[float, str | None, str]
+
+
+def _one_claim(claim: Sequence[Delivery], faults: Faults) -> Iterable[tuple[str, str | None]]:
     """What explains several copies under one (token, attempt): a kind and
     the fault's label for each repeat found."""
     # One send is one batch: its copies share the value and the CreateTime
     # the producer stamped when it made the batch (not when it sent it).
-    sends: dict[tuple[float, str | None], int] = Counter((c.at, c.digest) for c in claim)
-    for (at, digest), copies in sends.items():
+    sends: dict[Send, int] = Counter((c.at, c.digest, c.sink) for c in claim)
+    for (at, digest, sink), copies in sends.items():
         if copies > 1:
-            fault = _first(w for w in broker_faults if w.holds(at)) if digest else None
+            fault = _first(w for w in faults.destination(sink) if w.holds(at)) if digest else None
             yield (PRODUCER_RETRY, fault.label) if fault else (SAME_CLAIM, None)
     if len(sends) > 1:
-        yield _sent_again(list(sends), broker_faults, store_crashes)
+        yield _sent_again(sorted(sends, key=lambda send: send[0]), faults)
 
 
-def _sent_again(
-    sends: Sequence[tuple[float, str | None]],
-    broker_faults: Sequence[Window],
-    store_crashes: Sequence[Window],
-) -> tuple[str, str | None]:
-    """Separate sends (timestamp, digest) of one claim: the claim was made
+def _sent_again(sends: Sequence[Send], faults: Faults) -> tuple[str, str | None]:
+    """Separate sends of one claim, in time order: the claim was made
     again, which a database crash between them explains (its
-    acknowledgement was lost), or a broker fault during every send but the
-    last (the broker's silence spent no attempt: the same claim published
-    again)."""
-    times = sorted(at for at, _ in sends)
-    crash = _first(c for c in store_crashes if c.start <= times[-1] and times[0] <= c.end)
+    acknowledgement was lost), or a fault of its destination during every
+    send but the last (the destination's silence spent no attempt: the
+    same claim sent again)."""
+    times = [at for at, _, _ in sends]
+    crash = _first(c for c in faults.store_crashes if c.start <= times[-1] and times[0] <= c.end)
     if crash:
         return ACROSS_STORE_CRASH, crash.label
-    faults = [_first(w for w in broker_faults if w.holds(at)) for at in times[:-1]]
-    if _deferred(times, faults, {digest for _, digest in sends}):
-        return DEFERRED_PUBLISH, faults[0].label if faults[0] else None
+    during = [
+        _first(w for w in faults.destination(sink) if w.holds(at)) for at, _, sink in sends[:-1]
+    ]
+    if _deferred(times, during, {digest for _, digest, _ in sends}):
+        return DEFERRED_PUBLISH, during[0].label if during[0] else None
     return SAME_CLAIM, None
 
 
 def _deferred(
     times: Sequence[float], faults: Sequence[Window | None], digests: set[str | None]
 ) -> bool:
-    """One record (one digest, recorded) published again, every send but
-    the last inside a broker fault, no two sends closer than
+    """One record (one digest, recorded) sent again, every send but the
+    last inside a fault of its destination, no two sends closer than
     DEFERRED_MIN_GAP."""
     return (
         all(faults)

@@ -7,16 +7,18 @@ from __future__ import annotations
 from chaos.checker.finding import Finding
 from chaos.checker.model import facts
 from chaos.checker.units import by_unit, delivered
-from chaos.history import OCCURRENCE, History, Topic
+from chaos.history import HTTP, OCCURRENCE, History, Topic
 
 
 def tally(history: History, topic: Topic) -> Finding:
     """How many units were accepted, cancelled, changed by each verb,
-    delivered (and of those, how many nobody accepted), and how many of the
-    accepted are occurrences of a recurring schedule."""
+    delivered (and of those, how many nobody accepted, and how many by
+    HTTP), and how many of the accepted are occurrences of a recurring
+    schedule."""
     known = facts(history)
     changes = known.changes
     units = set(by_unit(delivered(topic)))
+    by_http = {d.schedule_id for d in delivered(topic) if d.sink == HTTP}
     return Finding(
         "tally",
         figures={
@@ -29,6 +31,7 @@ def tally(history: History, topic: Topic) -> Finding:
             "still_paused": len(changes.still_paused() - set(changes.bulk_cancelled)),
             "rescheduled": len(changes.moved),
             "delivered": len(units),
+            "delivered_http": len(by_http),
             "unknown_deliveries": len(units - set(known.accepted)),
             "occurrences": sum(1 for u in known.accepted if OCCURRENCE in u),
         },

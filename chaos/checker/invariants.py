@@ -1,6 +1,7 @@
-"""The invariants of what the topic got against what the history says the
+"""The invariants of what the sinks got against what the history says the
 cluster owes: nothing lost, nothing early, no claim under a stale token, no
-record gone, no occurrence nobody expected. Pure: no IO, no clock."""
+record gone, no occurrence nobody expected, no schedule given up on that
+no receiver refused. Pure: no IO, no clock."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from collections.abc import Callable
 from chaos.checker.finding import Finding
 from chaos.checker.model import facts
 from chaos.checker.units import EARLY_TOLERANCE, by_unit, delivered, due, owed
-from chaos.history import OCCURRENCE, Delivery, History, Topic
+from chaos.history import DELIVERY_FAILED, KAFKA, OBSERVER, OCCURRENCE, Delivery, History, Topic
 from ring import bucket_for
 
 
 def lost(history: History, topic: Topic) -> Finding:
     """Accepted, not cancelled (by a DELETE or a bulk cancel) nor still
-    paused at the end, never delivered (a rescheduled one: never by a record
-    carrying its last executeAt)."""
+    paused at the end, nor refused for good by the receiver (a 4xx it was
+    told to answer: given up on, as asked), never delivered (a rescheduled
+    one: never with its last executeAt; a switched one: never at the
+    destination in force)."""
     known = facts(history)
     changes = known.changes
     missing = (
@@ -25,6 +28,7 @@ def lost(history: History, topic: Topic) -> Finding:
         - known.cancelled
         - set(changes.bulk_cancelled)
         - changes.still_paused()
+        - topic.refused
         - set(owed(known, by_unit(delivered(topic))))
     )
     return Finding("lost", tuple(sorted(missing)))
@@ -103,10 +107,30 @@ def stale_claims(history: History, topic: Topic) -> Finding:
 
 def vanished(history: History, topic: Topic) -> Finding:
     """Seen in the topic during the run, gone when a fresh reader reads it
-    again at the end (the broker lost an acknowledged record)."""
+    again at the end (the broker lost an acknowledged record). Of the topic
+    only: what the receiver took is in its log for good."""
     if topic.kept is None:
         return Finding("vanished", ())
-    return Finding("vanished", tuple(sorted(set(by_unit(delivered(topic))) - topic.kept)))
+    records = [d for d in delivered(topic) if d.sink == KAFKA]
+    return Finding("vanished", tuple(sorted(set(by_unit(records)) - topic.kept)))
+
+
+def delivery_failed(history: History, topic: Topic) -> Finding:
+    """Given up on: a schedule the store held DELIVERY_FAILED at the end
+    (the observer's ops), unless the receiver refused a request of it for
+    good (a 4xx it was told to answer, which ends a schedule at once, as
+    the contract says). Nothing else in a run may end one: a broker or a
+    receiver asking to wait spends no attempt, and a receiver's failures
+    (down, timing out) spend one each only until a node's circuit to it
+    opens (five in a row), which then holds its calls without spending
+    any: no schedule runs out of its attempts in a run's faults."""
+    failed = {str(op.value["id"]) for op in history.events(OBSERVER, DELIVERY_FAILED)}
+    refused = {unit.partition(OCCURRENCE)[0] for unit in topic.refused}
+    return Finding(
+        "delivery_failed",
+        tuple(sorted(failed - refused)),
+        {"delivery_failed_refused": len(failed & refused)},
+    )
 
 
 def unexpected_occurrences(history: History, topic: Topic) -> Finding:

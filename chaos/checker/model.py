@@ -6,6 +6,8 @@ the ledgers a run used to keep in dicts, each a query over the ops. Pure.
   recurring schedule whose create took);
 * ``cancelled``: the DELETEs that took (a 200, or settled so);
 * ``changes``: what the verbs did besides DELETEs (``Changes``);
+* ``destinations``: where each schedule is to be delivered, the topic or
+  the receiver, and where a PATCH switched it (``Destinations``);
 * the fault windows, from the nemesis's events and the observer's stalls.
 """
 
@@ -19,8 +21,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chaos import history as ops
-from chaos.faults.kinds import BROKER_FAULTS, CLUSTER_FAULTS, NOT_FAULTS, RECOVERY_ALLOWANCE
-from chaos.history import Call, History, occurrence
+from chaos.faults.kinds import (
+    BROKER_FAULTS,
+    CLUSTER_FAULTS,
+    NOT_FAULTS,
+    RECEIVER_FAULTS,
+    RECEIVER_RECOVERY,
+    RECOVERY_ALLOWANCE,
+)
+from chaos.history import HTTP, KAFKA, Call, History, occurrence
 
 # Lateness past this, of a unit due outside every fault's intended window,
 # fails a run: outside the faults, deliveries run well under a second late
@@ -78,6 +87,27 @@ class Changes:
 
 
 @dataclass(frozen=True)
+class Destinations:
+    """Where each schedule goes: schedule -> every sink it had (``KAFKA``,
+    ``HTTP``), in order, each with when the PATCH that switched it there
+    answered (None for the first, as created); the last is the one in
+    force. ``unsure``: schedules whose last switch has no known outcome:
+    either of their last two sinks may get them."""
+
+    sinks: Mapping[str, Sequence[tuple[str, float | None]]] = field(default_factory=dict)
+    unsure: frozenset[str] = frozenset()
+
+    def in_force(self, schedule: str) -> list[str] | None:
+        """The sinks a delivery of ``schedule`` may arrive at (None: the
+        history does not say where it goes, so either)."""
+        had = self.sinks.get(schedule)
+        if not had:
+            return None
+        sinks = [sink for sink, _ in had]
+        return sinks[-2:] if schedule in self.unsure else sinks[-1:]
+
+
+@dataclass(frozen=True)
 class Faults:
     """The windows the faults open (epoch seconds).
 
@@ -86,14 +116,30 @@ class Faults:
     ``intended``: what each fault is meant to cost, outside which no unit
     may be LATE_OUTSIDE_WINDOWS late (its hand-over, or all of it when
     nobody can work; broker stalls most nodes saw);
+    ``receiver_intended``: the same, of the receiver's faults, for the
+    units delivered by HTTP only (while one lasts no node can deliver
+    them, and after it the circuits the failures opened wait up to their
+    longest cooldown before they try again);
     ``broker``: the broker's pauses, crashes, cuts and stalls any node saw,
     inside which a producer may resend a batch the broker had stored;
+    ``receiver``: the receiver's faults, inside which a request it took
+    may come again under the same claim;
     ``store_crashes``: each database kill, from the kill to the restart."""
 
     windows: tuple[Window, ...] = ()
     intended: tuple[Window, ...] = ()
     broker: tuple[Window, ...] = ()
     store_crashes: tuple[Window, ...] = ()
+    receiver: tuple[Window, ...] = ()
+    receiver_intended: tuple[Window, ...] = ()
+
+    def destination(self, sink: str) -> tuple[Window, ...]:
+        """The faults of the sink a copy arrived at: the broker's or the receiver's."""
+        return self.receiver if sink == HTTP else self.broker
+
+    def intended_for(self, sink: str) -> tuple[Window, ...]:
+        """The intended windows that excuse a unit delivered at ``sink``."""
+        return self.intended + self.receiver_intended if sink == HTTP else self.intended
 
 
 @dataclass(frozen=True)
@@ -103,6 +149,7 @@ class Facts:
     changes: Changes
     faults: Faults
     buckets: int
+    destinations: Destinations = Destinations()
 
 
 # Each history's facts, with the length of the history they were worked
@@ -122,6 +169,7 @@ def facts(history: History) -> Facts:
                 changes=changes(history),
                 faults=faults(history),
                 buckets=int(history.meta.get("buckets", 256)),
+                destinations=destinations(history),
             ),
         )
     return known[1]
@@ -135,7 +183,7 @@ def accepted(history: History) -> dict[str, float]:
         recurrence = call.get("recurrence")
         if recurrence is not None:
             owed.update(occurrences(call.schedule, recurrence))
-        else:
+        elif call.get("executeAt") is not None:  # (not a switch of destination only)
             owed[call.schedule] = float(call["executeAt"])
     return owed
 
@@ -163,6 +211,8 @@ def changes(history: History) -> Changes:
             if call.type == ops.OK and call.get("executeAt") is not None:
                 created[call.schedule] = float(call["executeAt"])
             continue
+        if call.get("executeAt") is None:
+            continue  # a switch of destination only (``destinations``)
         if call.type == ops.OK or call.type == ops.INFO:
             times = moved.setdefault(call.schedule, [(created[call.schedule], None)])
             times.append((float(call["executeAt"]), call.ended))
@@ -173,6 +223,28 @@ def changes(history: History) -> Changes:
     }
     paused, resumed = _pauses(history)
     return Changes(taken, paused, resumed, moved, frozenset(unsure))
+
+
+def destinations(history: History) -> Destinations:
+    """Each schedule's sinks: the one its create named (``sink``, the topic
+    when it says none), then each a PATCH switched it to, as ``changes``
+    moves its time."""
+    sinks: dict[str, list[tuple[str, float | None]]] = {}
+    unsure: set[str] = set()
+    for call in history.calls(ops.CREATE, ops.PATCH):
+        if call.f == ops.CREATE:
+            if call.type == ops.OK:
+                sinks[call.schedule] = [(str(call.get("sink", KAFKA)), None)]
+            continue
+        if call.get("sink") is None or call.schedule not in sinks:
+            continue
+        if call.type in (ops.OK, ops.INFO):
+            sinks[call.schedule].append((str(call["sink"]), call.ended))
+        if call.type == ops.INFO:
+            unsure.add(call.schedule)
+        elif call.type == ops.OK:  # a later switch that took decides where it goes
+            unsure.discard(call.schedule)
+    return Destinations(sinks, frozenset(unsure))
 
 
 def _pauses(
@@ -239,12 +311,21 @@ def faults(history: History) -> Faults:
     intended: list[Window] = []
     broker: list[Window] = []
     crashes: list[Window] = []
+    receiver: list[Window] = []
+    receiver_intended: list[Window] = []
     for event in filter(_is_fault, events(history)):
         at, lasting, label = started + event["at"], event["lasting"], event["step"]
         # From a poll interval before (work already due when it hit) to the
         # recovery allowance after the fault ends.
         window = Window(label, at - 1.0, at + lasting + RECOVERY_ALLOWANCE)
         windows.append(window)
+        if event["do"] in RECEIVER_FAULTS:
+            receiver.append(window)
+            # Nobody can deliver by HTTP while it lasts; a 503's last
+            # answer asked for Retry-After more; then the circuits' cooldown.
+            waited = lasting + float(event.get("retry_after", 0)) + RECEIVER_RECOVERY
+            receiver_intended.append(Window(label, at - LATE_OUTSIDE_WINDOWS, at + waited))
+            continue
         # What the fault is meant to cost: while it lasts when nobody can do
         # the work (the servers down for all), else the time the others take
         # to take the work over. It opens LATE_OUTSIDE_WINDOWS before the
@@ -263,7 +344,14 @@ def faults(history: History) -> Faults:
     for op in history.events(ops.OBSERVER, ops.BROKER_STALL):
         stall = Window(op.value["label"], op.value["start"], op.value["end"])
         (intended if op.value["most"] else broker).append(stall)
-    return Faults(tuple(windows), tuple(intended), tuple(broker), tuple(crashes))
+    return Faults(
+        tuple(windows),
+        tuple(intended),
+        tuple(broker),
+        tuple(crashes),
+        tuple(receiver),
+        tuple(receiver_intended),
+    )
 
 
 # -- what the run's summary counts ---------------------------------------------------

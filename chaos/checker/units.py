@@ -1,5 +1,6 @@
-"""The topic's records as the units the invariants judge, and what each
-unit is owed by the history's facts. Pure."""
+"""What the sinks got (the topic's records and the receiver's requests,
+one stream) as the units the invariants judge, and what each unit is owed
+by the history's facts. Pure."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from chaos.checker.model import Facts
-from chaos.history import Delivery, Topic
+from chaos.history import OCCURRENCE, Delivery, Topic
 
 # Record timestamps are milliseconds of the store's clock as the publishing
 # node reads it (the same host's clock here, which executeAt is written
@@ -47,12 +48,17 @@ def by_unit(deliveries: Iterable[Delivery]) -> dict[str, list[Delivery]]:
 
 def owed(known: Facts, units: dict[str, list[Delivery]]) -> dict[str, list[Delivery]]:
     """The copies that count as each unit's delivery: a moved unit's carry
-    a time in force."""
+    a time in force, and every unit's arrived where it is to go (a switched
+    one's at the destination in force: a copy at one it was switched off
+    delivers nothing the schedule is owed)."""
     counted: dict[str, list[Delivery]] = {}
     for unit, copies in units.items():
         if unit in known.changes.moved:
             in_force = known.changes.in_force(unit)
             copies = [d for d in copies if carries(d, in_force)]
+        sinks = known.destinations.in_force(unit.partition(OCCURRENCE)[0])
+        if sinks is not None:
+            copies = [d for d in copies if d.sink in sinks]
         if copies:
             counted[unit] = copies
     return counted

@@ -1,6 +1,7 @@
 """The invariants of the verbs of issue 19 (a DELETE, a bulk cancel, a
-pause and its resume, a PATCH of executeAt): nothing goes out after a verb
-said it would not. Pure: no IO, no clock."""
+pause and its resume, a PATCH of executeAt or of the destination): nothing
+goes out after a verb said it would not, nor where a PATCH said it would
+not go. Pure: no IO, no clock."""
 
 from __future__ import annotations
 
@@ -73,6 +74,37 @@ def rescheduled_wrong_time(history: History, topic: Topic) -> Finding:
             )
         ),
     )
+
+
+def wrong_destination(history: History, topic: Topic) -> Finding:
+    """Delivered at the wrong destination: a copy at a sink the schedule
+    never had (a schedule for the receiver in the topic, or the other way
+    round), or at one a PATCH switched it off, sent after that PATCH's 200.
+    A switched schedule is delivered (else lost) only at the destination in
+    force (either of its last two when its last switch has no known
+    outcome)."""
+    destinations = facts(history).destinations
+    wrong = set()
+    for delivery in delivered(topic):
+        had = destinations.sinks.get(delivery.schedule)
+        in_force = destinations.in_force(delivery.schedule)
+        if had and in_force and _wrong_sink(delivery, had, in_force):
+            wrong.add(delivery.schedule_id)
+    return Finding("wrong_destination", tuple(sorted(wrong)))
+
+
+def _wrong_sink(
+    delivery: Delivery, had: Sequence[tuple[str, float | None]], in_force: Sequence[str]
+) -> bool:
+    """A copy at a sink its schedule never had, or at one a PATCH had
+    switched it off before the copy was sent."""
+    if delivery.sink in in_force:
+        return False
+    there = [i for i, (sink, _) in enumerate(had) if sink == delivery.sink]
+    if not there or there[-1] + 1 >= len(had):
+        return True
+    switched_off = had[there[-1] + 1][1]
+    return switched_off is None or delivery.at > switched_off + ANSWER_TOLERANCE
 
 
 def _inside(at: float, start: float, end: float | None) -> bool:

@@ -18,4 +18,16 @@ BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
 CLUSTER_FAULTS = (*SERVER_FAULTS, "split")
 # The ends of faults the player notes (a heal, a resume, a reconnect) and a
 # node added: not faults, so no recovery allowance of their own.
-NOT_FAULTS = ("start", "resume", "heal", "reconnect")
+NOT_FAULTS = ("start", "resume", "heal", "reconnect", "receiver-up")
+# Faults of the webhook receiver, every http target's endpoint: while they
+# last no node can deliver by HTTP (deliveries to the topic go on), and
+# inside their windows a request the receiver took may come again under
+# the same claim (a probe of an open circuit that timed out spent no
+# attempt: ``chaos.checker``'s deferred_publish, for HTTP).
+RECEIVER_FAULTS = ("receiver-down", "receiver-503", "receiver-slow", "receiver-400")
+# How long HTTP deliveries may take to catch up after a receiver fault
+# ends: a node's circuit to the receiver, opened by its failures, waits up
+# to 60 s before its next probe (HTTP_BREAKER_COOLDOWN, doubled after each
+# failed probe up to 60 s), then the backlog goes out within the recovery
+# allowance. (A 503's Retry-After is waited on top: the fault's own.)
+RECEIVER_RECOVERY = 60.0 + RECOVERY_ALLOWANCE

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.faults.garbage import Garbage, dropped, flood
-from chaos.faults.kinds import SERVER_FAULTS
+from chaos.faults.kinds import RECEIVER_FAULTS, SERVER_FAULTS
 from chaos.history import NEMESIS, NOTE, History
 from chaos.lab.cluster import LocalCluster
+from chaos.lab.receiver import Receiver
 from chaos.scenario import FIELDS, Step
 
 # What a node reports as the store's clock minus its own (a skewed node's
@@ -36,6 +37,14 @@ CLOCK_OFFSET = re.compile(r"^scheduler_clock_offset_seconds\s+([0-9.eE+-]+)\s*$"
 # fault the first poll waits (let the fault be noticed first).
 SETTLE_POLL = 0.5
 SETTLE_AFTER = 1.0
+
+# The receiver's mode while each of its faults lasts (down is no mode: the
+# process is killed).
+RECEIVER_MODES = {"receiver-503": "503", "receiver-slow": "slow", "receiver-400": "400"}
+# The event that ends a receiver fault (``chaos.faults.kinds.NOT_FAULTS``).
+RECEIVER_UP = "receiver-up"
+# Why the cluster's settling is not timed after a receiver's fault or its end.
+RECEIVER_SETTLE = "the receiver's faults leave the cluster as it was"
 
 # A step's work after its event is written: given the event's op index.
 FollowUp = Callable[[int], Coroutine[Any, Any, None]]
@@ -50,6 +59,8 @@ class Player:
     cluster_keys: tuple[bytes, ...]
     no_namespaces: str | None  # why the run has no network namespaces (None: it has)
     settle_within: float
+    # The run's webhook receiver (None: the load delivers nothing by HTTP).
+    receiver: Receiver | None = None
     # What the steps have done to the nodes, as the load and the sampler ask.
     ready: set[str] = field(default_factory=set)
     paused: set[str] = field(default_factory=set)
@@ -132,6 +143,8 @@ class Player:
         """Why this run cannot play ``step`` at all (None: it can)."""
         if step.do in SERVER_FAULTS and self.cluster.external:
             return "the servers are external: the runner cannot crash or pause them"
+        if step.do in RECEIVER_FAULTS and self.receiver is None:
+            return "no receiver runs: the load delivers nothing by HTTP"
         if step.do in ("cut-store", "cut-broker"):
             if self.cluster.external:
                 return "the servers are external: the runner cannot cut one link to them"
@@ -149,11 +162,17 @@ class Player:
         if step.do == "split":
             # Each half settles on its own view; the cluster settles after the heal.
             event["skipped_settle"] = "the halves cannot agree until the heal"
+        if step.do in RECEIVER_FAULTS:
+            event["skipped_settle"] = RECEIVER_SETTLE
         index = self.history.event(NEMESIS, step.do, time.time(), **event).index
         if follow_up is not None:
             self._later(follow_up(index))
         # A server fault times its settling itself, from its end.
-        if "skipped" not in event and step.do != "split" and step.do not in SERVER_FAULTS:
+        if (
+            "skipped" not in event
+            and "skipped_settle" not in event
+            and step.do not in SERVER_FAULTS
+        ):
             self._later(self.time_to_settle(index))
 
     async def _follow_up(
@@ -170,6 +189,10 @@ class Player:
             return lambda _: self.start(name)
         if step.do in SERVER_FAULTS:
             return lambda index: self._server_fault(index, step)
+        if step.do in RECEIVER_FAULTS:
+            if step.retry_after:
+                event["retry_after"] = step.retry_after
+            return lambda _: self._receiver_fault(step)
         if step.do == "split":
             halves = self._halves()
             event["node"] = " | ".join(",".join(sorted(half)) for half in halves)
@@ -284,6 +307,22 @@ class Player:
         }[step.do]
         await asyncio.to_thread(fault, step.lasting)
         await self.time_to_settle(index)
+
+    async def _receiver_fault(self, step: Step) -> None:
+        """Take the receiver down (SIGKILL), or switch its mode, for the
+        step's time; then bring it back up, an event of its own."""
+        receiver = self.receiver
+        assert receiver is not None  # _cannot said so
+        if step.do == "receiver-down":
+            await asyncio.to_thread(receiver.kill)
+        else:
+            await asyncio.to_thread(receiver.mode, RECEIVER_MODES[step.do], step.retry_after)
+        await asyncio.sleep(step.lasting)
+        if step.do == "receiver-down":
+            await asyncio.to_thread(receiver.start)
+        else:
+            await asyncio.to_thread(receiver.mode, "up")
+        self._end(RECEIVER_UP, "receiver up", None, skipped_settle=RECEIVER_SETTLE)
 
     def _halves(self) -> list[set[str]]:
         names = self.running()

@@ -1,12 +1,12 @@
 """Real network partitions for chaos runs: every node process in its own
 network namespace, linked to a bridge by a veth pair, as pods are.
 
-* The database, the broker and the chaos runner stay in the root namespace
-  and reach the nodes over the bridge, which holds three addresses: the
-  runner's (the bridge's own, ``.1``, which the root namespace's packets to
-  the nodes come from), the database's (``.2``) and the broker's (``.3``).
-  Each server listening on an address of its own lets a node lose one of
-  them and nothing else.
+* The database, the broker, the webhook receiver and the chaos runner stay
+  in the root namespace and reach the nodes over the bridge, which holds
+  four addresses: the runner's (the bridge's own, ``.1``, which the root
+  namespace's packets to the nodes come from), the database's (``.2``),
+  the broker's (``.3``) and the receiver's (``.4``). Each server listening
+  on an address of its own lets a node lose one of them and nothing else.
 * Isolating a node takes its link down: a cut cable. The node loses its
   peers, the database and the broker at once, and so does anyone calling it.
 * Splitting the cluster routes each half's packets for the other half to an
@@ -96,11 +96,12 @@ class Namespaces:
         self.server_host = f"{self.subnet}.1"
         self.store_host = f"{self.subnet}.2"  # the database listens here
         self.broker_host = f"{self.subnet}.3"  # the broker listens here
+        self.receiver_host = f"{self.subnet}.4"  # the webhook receiver listens here
         self.hosts: dict[str, str] = {}  # node name -> address
         self._index: dict[str, int] = {}
         self._cut_routes: set[tuple[str, str]] = set()  # (node, address cut off)
         _ip("link", "add", self.bridge, "type", "bridge")
-        for host in (self.server_host, self.store_host, self.broker_host):
+        for host in (self.server_host, self.store_host, self.broker_host, self.receiver_host):
             _ip("addr", "add", f"{host}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
