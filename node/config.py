@@ -595,10 +595,20 @@ SETTINGS: tuple[Setting, ...] = (
         attr="http_breaker_cooldown",
         env="HTTP_BREAKER_COOLDOWN",
         flag="--http-breaker-cooldown",
-        default="5",
+        default="2",
         parse=_parse_seconds(0.1, 3600),
         help="seconds an open circuit waits before its probe; doubled after each failed "
-        "probe, up to 60 s",
+        "probe, up to HTTP_BREAKER_COOLDOWN_MAX",
+    ),
+    Setting(
+        attr="http_breaker_cooldown_max",
+        env="HTTP_BREAKER_COOLDOWN_MAX",
+        flag="--http-breaker-cooldown-max",
+        default="10",
+        parse=_parse_seconds(0.1, 3600),
+        help="the longest an open circuit waits between probes: how late deliveries resume "
+        "after an endpoint comes back (its schedules wait unclaimed meanwhile, costing "
+        "nothing)",
     ),
     Setting(
         attr="http_retry_after_max",
@@ -699,7 +709,8 @@ class NodeConfig:
     http_ca_bundle: str = ""
     http_max_per_host: int = 16
     http_breaker_failures: int = 5
-    http_breaker_cooldown: float = 5.0
+    http_breaker_cooldown: float = 2.0
+    http_breaker_cooldown_max: float = 10.0
     http_retry_after_max: float = 300.0
     http_outage_bound: float = 86400.0
     log_format: str
@@ -809,6 +820,8 @@ def _check_together(values: Mapping[str, Any]) -> None:
     """Settings valid one by one that are not together."""
     if values["retry_backoff_max"] < values["retry_backoff"]:
         raise ConfigError("RETRY_BACKOFF_MAX: must not be below RETRY_BACKOFF")
+    if values["http_breaker_cooldown_max"] < values["http_breaker_cooldown"]:
+        raise ConfigError("HTTP_BREAKER_COOLDOWN_MAX: must not be below HTTP_BREAKER_COOLDOWN")
     if values["dead_letter_topic"] and values["dead_letter_url"]:
         raise ConfigError("DEAD_LETTER_URL: set it or DEAD_LETTER_TOPIC, not both")
     if values["chaos_clock_skew"] and values["chaos_mode"] == "off":

@@ -194,6 +194,7 @@ class Node:
             max_per_host=config.http_max_per_host,
             breaker_failures=config.http_breaker_failures,
             breaker_cooldown=config.http_breaker_cooldown,
+            breaker_cooldown_max=config.http_breaker_cooldown_max,
             max_wait=config.http_retry_after_max,
             ca_bundle=config.http_ca_bundle or None,
             metrics=self.metrics,

@@ -461,7 +461,13 @@ async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     receiver: Receiver, make_sink: SinkFactory
 ) -> None:
     clock, metrics = Clock(), NodeMetrics()
-    sink = await make_sink(breaker_failures=3, monotonic=clock, metrics=metrics)
+    sink = await make_sink(
+        breaker_failures=3,
+        breaker_cooldown=5.0,
+        breaker_cooldown_max=60.0,
+        monotonic=clock,
+        metrics=metrics,
+    )
     failing = call(receiver.url("/status/500"))
     host = f"127.0.0.1:{receiver.port}"
     results = await sink.publish([failing] * 3)
@@ -473,10 +479,12 @@ async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     assert (blocked.trouble, blocked.wait) == (Trouble.DESTINATION, 5.0)
     assert blocked.error.startswith(f"circuit open for {host}")
     assert len(receiver.seen) == 3
+    assert sink.circuit_open(failing.url)  # the poller leaves its schedules unclaimed
 
     # The cooldown over: one probe goes, the other call waits for it; the
     # probe fails, and that spends no attempt: the host is known down.
     clock.now += 5.0
+    assert not sink.circuit_open(failing.url)  # a probe may go: claim
     probe, held = await sink.publish([failing, failing])
     assert probe is not None and (probe.trouble, probe.wait) == (Trouble.DESTINATION, 10.0)
     assert held is not None and held.error.startswith("circuit open")

@@ -273,3 +273,25 @@ async def test_work_held_back_is_not_read_again_every_refresh(
     assert sorted(a.receiver.ids()) == sorted(f"b{n}" for n in range(30))
     read = schedules.documents_read["due"]
     assert read < 200, read
+
+
+async def test_an_open_circuit_leaves_its_schedules_unclaimed_until_it_may_probe(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """While a host's circuit is open its due schedules are not claimed
+    (no store write, no attempt, no later due time), others go; once it
+    may be probed they go in the next round."""
+    a = await owner(time, schedules, leases)
+    a.receiver.open_circuits.add("a.example")
+    for n in range(5):
+        await add(schedules, time, f"a{n}", 0)
+    await add(schedules, time, "b0", 1, url=B)
+    before = {n: (await stored(schedules, f"a{n}"))["version"] for n in range(5)}
+    await a.run(5)
+    assert a.receiver.ids() == ["b0"]
+    for n in range(5):
+        doc = await stored(schedules, f"a{n}")
+        assert (doc["status"], doc["version"], doc["dueAt"]) == ("PENDING", before[n], time.at(0))
+    a.receiver.open_circuits.clear()
+    took = await a.run_until(lambda: len(a.receiver.ids()) == 6, within=5)
+    assert took <= 1.0  # the next round, a poll interval at most: not a wait of its own

@@ -117,6 +117,10 @@ class RecordingReceiver:
         self.answers: dict[str, list[Failed]] = {}
         self.hang: dict[str, asyncio.Event] = {}
         self.waiting: dict[str, int] = {}
+        self.open_circuits: set[str] = set()  # hosts the sink's breakers keep closed off
+
+    def circuit_open(self, url: str) -> bool:
+        return (urlsplit(url).hostname or "") in self.open_circuits
 
     async def publish(self, calls: Sequence[HttpCall]) -> list[Failed | None]:
         return [await self._one(call) for call in calls]
@@ -193,6 +197,7 @@ class Owner:
             dead_letter_url=dead_letter_url,
             http=self.receiver,
             http_per_host=http_per_host,
+            circuit_open=self.receiver.circuit_open,
             tenant_names=tenant_names,
             wall=time.wall,
             monotonic=time.monotonic,

@@ -60,6 +60,7 @@ from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
 from node.delivery.sink import Failed, Sink, Trouble
+from node.delivery.sinks.http import HttpSink
 from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
 from node.delivery.sinks.router import Router, dead_letter_item
 from node.errors import SchedulerError
@@ -137,6 +138,7 @@ class BucketPoller:
         http: Sink[HttpCall] | None = None,
         http_per_host: int = 16,
         dead_letter_url: str = "",
+        circuit_open: Callable[[str], bool] | None = None,
     ) -> None:
         self.store = store
         # Longer than any round can hold a claim (node/process.py derives it
@@ -154,6 +156,9 @@ class BucketPoller:
         self.dead_letter_url = dead_letter_url
         self.http = http
         self.http_per_host = http_per_host
+        # Whether a URL's host has its circuit open (the HTTP sink's
+        # breakers): its schedules wait unclaimed until a probe may go.
+        self.circuit_open = circuit_open
         # HTTP calls started and not yet written, by id; the answers in since
         # the last round; the tasks still waiting for one.
         self._calls: dict[str, Claimed] = {}
@@ -697,7 +702,9 @@ class BucketPoller:
         """Whether a due schedule must wait unclaimed: a Kafka record while
         the broker is down (``kafka`` False), a call to a host that has
         HTTP_MAX_PER_HOST calls out already (with ``count``, counting those
-        this test lets through: one test per batch)."""
+        this test lets through: one test per batch) or whose circuit is open
+        (until its cooldown is over: then the probe, and a few more that the
+        sink defers, are claimed)."""
         busy = self._hosts_busy()
 
         def held(doc: dict[str, Any]) -> bool:
@@ -707,6 +714,8 @@ class BucketPoller:
                 return True
             host = http_host(doc)
             if busy[host] >= self.http_per_host:
+                return True
+            if self.circuit_open is not None and self.circuit_open(doc["http"]["url"]):
                 return True
             busy[host] += count
             return False
@@ -932,7 +941,7 @@ def configured_poller(
     history: HistoryWriter | None,
     tenant_names: Callable[[], Awaitable[Sequence[str]]],
     wall: Callable[[], datetime] = utcnow,
-    http: Sink[HttpCall] | None = None,
+    http: HttpSink | None = None,
 ) -> BucketPoller:
     """The poller a node's settings make: the node process's, and the one the
     delivery bench runs on the memory store."""
@@ -954,6 +963,7 @@ def configured_poller(
         dead_letter_url=config.dead_letter_url,
         http=http,
         http_per_host=config.http_max_per_host,
+        circuit_open=http.circuit_open if http is not None else None,
         history=history,
         tenant_names=tenant_names if config.fair_tenants else None,
         wall=wall,

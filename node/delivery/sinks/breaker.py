@@ -39,8 +39,8 @@ class State(enum.StrEnum):
 @dataclass(frozen=True)
 class BreakerSettings:
     failures: int = 5  # consecutive failures that open a circuit
-    cooldown: float = 5.0  # seconds open before the first probe
-    cooldown_max: float = 60.0  # the longest a cooldown grows to
+    cooldown: float = 2.0  # seconds open before the first probe
+    cooldown_max: float = 10.0  # the longest a cooldown grows to
 
     def __post_init__(self) -> None:
         if self.failures < 1:

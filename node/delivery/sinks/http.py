@@ -183,8 +183,8 @@ class HttpSink:
         monotonic: Callable[[], float] = time.monotonic,
         max_per_host: int = 16,
         breaker_failures: int = 5,
-        breaker_cooldown: float = 5.0,
-        breaker_cooldown_max: float = 60.0,
+        breaker_cooldown: float = 2.0,
+        breaker_cooldown_max: float = 10.0,
         max_wait: float = 300.0,
         ca_bundle: str | None = None,
         metrics: NodeMetrics | None = None,
@@ -256,6 +256,11 @@ class HttpSink:
         for session in sessions:
             if session is not None:
                 await session.close()
+
+    def circuit_open(self, url: str) -> bool:
+        """Whether a call to ``url`` would wait on its host's open circuit now
+        (its cooldown not over): the poller leaves such schedules unclaimed."""
+        return self.breakers.blocked(_authority(url)) is not None
 
     async def publish(self, calls: Sequence[HttpCall]) -> list[Failed | None]:
         """Send every call at once; each settles on its own (its own
