@@ -108,6 +108,10 @@ def longest_round(store_timeout: float, publish_timeout: float) -> float:
 # the first to the last (seconds).
 BROKER_BACKOFF = 0.5
 BROKER_BACKOFF_MAX = 10.0
+# How long the answers of HTTP calls gather before the loop is woken to
+# write them (seconds): at most this much later a completion is written
+# and a call's slot taken again; the call itself has gone already.
+ANSWER_GATHER = 0.05
 # At stop, how long the HTTP calls in flight may take to answer before
 # they are left IN_FLIGHT for the bucket's next owner to recover (seconds).
 CALLS_GRACE = 5.0
@@ -165,6 +169,7 @@ class BucketPoller:
         self._answers: list[tuple[Claimed, Failed | None]] = []
         self._call_tasks: set[asyncio.Task[None]] = set()
         self._calls_changed = asyncio.Event()
+        self._answers_wake: asyncio.TimerHandle | None = None
         # Whether the last batch left due work unclaimed (a host at its
         # bound, the broker down): the round then sleeps until woken.
         self._held_back = False
@@ -671,6 +676,19 @@ class BucketPoller:
             log.exception("HTTP call raised", **_about(claim))
             result = Failed(f"{type(exc).__name__}: {exc}", Trouble.RETRY)
         self._answers.append((claim, result))
+        self._wake_for_answers()
+
+    def _wake_for_answers(self) -> None:
+        """Wake the loop for the answers in, once in ANSWER_GATHER: the
+        answers arriving meanwhile share one write (a round per answer cost
+        the store three round trips per call) and the slots they free are
+        claimed again together."""
+        if self._answers_wake is None:
+            loop = asyncio.get_running_loop()
+            self._answers_wake = loop.call_later(ANSWER_GATHER, self._answers_due)
+
+    def _answers_due(self) -> None:
+        self._answers_wake = None
         self._wake.set()
 
     async def _settle_calls(self) -> None:
