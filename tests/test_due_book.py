@@ -186,3 +186,63 @@ def test_only_a_full_view_of_due_work_may_hide_other_due_work() -> None:
     assert book.hiding(at(0.5)) == [1, 2]
     book.taken(book.due(at(0.5)))
     assert book.hiding(at(0.5)) == []
+
+
+def call(schedule_id: str, bucket: int, due: float, host: str) -> dict[str, Any]:
+    return {**doc(schedule_id, bucket, due), "http": {"url": f"https://{host}/", "host": host}}
+
+
+def test_a_full_view_held_back_is_read_past_its_lanes() -> None:
+    """Bucket 1's view is full of host a's calls, all held back: the next
+    round reads past lane a (Kafka and other hosts), adds what it finds to
+    the view, and reads past again a refresh later, or at once when that
+    read was full and its work has been taken; a's backlog is not read again."""
+    book = DueBook(refresh=REFRESH, budget=4, min_read=4)
+    book.sync({1: 5})
+    held_a = lambda d: d.get("http", {}).get("host") == "a"  # noqa: E731
+    [whole] = book.reads(at(10), 10.0, REFRESH, held_a)
+    assert whole.skipping == frozenset()
+    book.learned(whole, [call(f"a{n}", 1, n, "a") for n in range(4)], 10.0)
+    [past] = book.reads(at(10), 10.0, REFRESH, held_a)
+    assert past.skipping == frozenset({"a"}) and past.after is None
+    behind = [doc(f"k{n}", 1, 5 + n) for n in range(4)]
+    book.learned(past, behind, 10.0)
+    assert [d["_id"] for d in book.due(at(10))] == [
+        *(f"a{n}" for n in range(4)),
+        "k0",
+        "k1",
+        "k2",
+        "k3",
+    ]
+    assert book.reads(at(10), 10.0, REFRESH, held_a) == []  # work in hand
+    book.taken(behind)
+    # That read was full and all it brought is taken: more may wait, read at once.
+    assert book.next_read(at(10), held_a) == float("-inf")
+    [again] = book.reads(at(10), 10.0, REFRESH, held_a)
+    assert again.skipping == frozenset({"a"})
+    ahead = [doc("k9", 1, 10.5)]  # due within the look-ahead, not yet
+    book.learned(again, ahead, 10.0)
+    # Not full: the next read past lane a is a refresh later, not a busy loop.
+    assert book.reads(at(10.1), 10.1, REFRESH, held_a) == []
+    assert book.next_read(at(10.1), held_a) == 10.0 + REFRESH
+    assert book.next_due(held_a) == at(10.5)
+    book.taken(ahead)
+    [later] = book.reads(at(11), 11.0, REFRESH, held_a)
+    assert later.skipping == frozenset({"a"})
+
+
+def test_lanes_skipped_are_those_of_the_work_held_back() -> None:
+    """The broker down (Kafka held) and host b at its bound: both skipped,
+    host c's not; with nothing held back the full view waits as before."""
+    book = DueBook(refresh=REFRESH, budget=4, min_read=4)
+    book.sync({2: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    book.learned(
+        whole,
+        [doc("k0", 2, -3), call("b0", 2, -2, "b"), doc("k1", 2, -1), call("b1", 2, 0, "b")],
+        0.0,
+    )
+    held = lambda d: "http" not in d or d["http"]["host"] == "b"  # noqa: E731
+    [past] = book.reads(at(0), 0.0, REFRESH, held)
+    assert past.skipping == frozenset({None, "b"})
+    assert book.reads(at(5), 5.0, REFRESH) == []  # nothing held: in hand

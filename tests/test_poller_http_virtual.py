@@ -295,3 +295,42 @@ async def test_an_open_circuit_leaves_its_schedules_unclaimed_until_it_may_probe
     a.receiver.open_circuits.clear()
     took = await a.run_until(lambda: len(a.receiver.ids()) == 6, within=5)
     assert took <= 1.0  # the next round, a poll interval at most: not a wait of its own
+
+
+async def test_a_full_view_held_back_hides_no_other_host_or_topic(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a hangs with its bound taken and more of its calls due than a
+    view holds: the records and host b's calls due behind that backlog in
+    the same bucket are read past it (skipping a's lane) and delivered in
+    time, not once a's backlog has drained (which here is never)."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(60):
+        await add(schedules, time, f"a{n:02}", 0)
+    for n in range(30):
+        await schedules.insert(schedule(f"k{n:02}", time.at(1), time.wall()), time.wall())
+        await add(schedules, time, f"b{n:02}", 1, url=B)
+    await a.run_until(
+        lambda: len(a.publisher.ids()) == 30 and len(a.receiver.ids()) == 30, within=10
+    )
+    assert sorted(a.receiver.ids()) == [f"b{n:02}" for n in range(30)]
+    assert a.receiver.waiting["a.example"] == 2
+    # a's backlog is read whole once, not again for every read past it.
+    assert schedules.documents_read["due"] < 60 + 2 * 60, schedules.documents_read
+
+
+async def test_the_broker_down_with_a_full_view_of_records_hides_no_call(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    a = await owner(time, schedules, leases, batch_size=5)
+    a.publisher.down = True
+    for n in range(60):
+        await schedules.insert(schedule(f"k{n:02}", time.at(0), time.wall()), time.wall())
+    await a.run(1)  # the broker is found down: records wait
+    for n in range(10):
+        await add(schedules, time, f"h{n}", 1)
+    await a.run_until(lambda: len(a.receiver.ids()) == 10, within=5)
+    assert a.publisher.ids() == []
+    a.publisher.down = False
+    await a.run_until(lambda: len(a.publisher.ids()) == 60, within=60)

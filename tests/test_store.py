@@ -30,6 +30,12 @@ async def test_prepare_is_idempotent_and_creates_the_indexes(mongo: Any) -> None
     await store.prepare(datetime.now(UTC))
     indexes = await mongo.schedules.index_information()
     assert indexes["bucket_status_due"]["key"] == [("bucket", 1), ("status", 1), ("dueAt", 1)]
+    assert indexes["bucket_status_host_due"]["key"] == [
+        ("bucket", 1),
+        ("status", 1),
+        ("http.host", 1),
+        ("dueAt", 1),
+    ]
     assert indexes["tenant_status_bucket_due"]["key"] == [
         ("tenant", 1),
         ("status", 1),
@@ -61,6 +67,7 @@ async def test_prepare_replaces_the_indexes_of_earlier_versions(mongo: Any) -> N
     assert indexes == {
         "_id_",
         "bucket_status_due",
+        "bucket_status_host_due",
         "tenant_status_bucket_due",
         "by_tenant_id",
         "by_tenant_label",

@@ -206,6 +206,39 @@ async def test_due_work_after_a_bound_is_read_alone(store: StoreKit) -> None:
     assert [d["_id"] for d in await schedules.find_due(0, NOW, 10)] == ["held", "at-bound", "new"]
 
 
+def call(schedule_id: str, at: datetime, url: str) -> NewSchedule:
+    """An HTTP schedule: no topic, a target."""
+    body = {"id": schedule_id, "http": {"url": url}, "payload": {}, "executeAt": at.isoformat()}
+    return parse_new_schedule(json.dumps(body).encode(), LIMITS, NOW - timedelta(days=1))
+
+
+async def test_due_work_past_the_lanes_held_back_is_read_alone(store: StoreKit) -> None:
+    """A read skipping lanes (hosts, None for Kafka) returns the other
+    lanes' due work, earliest first, however much of the skipped waits."""
+    schedules = await prepared(store, 1)
+    for n in range(5):
+        await schedules.insert(
+            call(f"a{n}", NOW - timedelta(seconds=9), "https://a.example/h"), NOW
+        )
+    await schedules.insert(call("b0", NOW - timedelta(seconds=2), "https://b.example:8443/h"), NOW)
+    await schedules.insert(new("k0", NOW - timedelta(seconds=3)), NOW)
+    await schedules.insert(new("k1", NOW + timedelta(seconds=3)), NOW)
+
+    def ids(docs: list[dict[str, Any]]) -> list[str]:
+        return [d["_id"] for d in docs]
+
+    assert ids(await schedules.find_due(0, NOW, 3)) == ["a0", "a1", "a2"]
+    assert ids(await schedules.find_due(0, NOW, 3, skipping={"a.example"})) == ["k0", "b0"]
+    assert ids(await schedules.find_due(0, NOW, 1, skipping={"a.example"})) == ["k0"]
+    kafka_down = {None, "a.example"}
+    assert ids(await schedules.find_due(0, NOW, 9, skipping=kafka_down)) == ["b0"]
+    assert ids(await schedules.find_due(0, NOW, 9, skipping={None})) == [
+        *(f"a{n}" for n in range(5)),
+        "b0",
+    ]
+    assert ids(await schedules.find_due(0, NOW, 9, skipping={None, "a.example", "b.example"})) == []
+
+
 async def test_each_tenants_oldest_due_work_is_read_for_it(store: StoreKit) -> None:
     schedules = await prepared(store, BUCKETS)
     for i in range(3):

@@ -21,9 +21,14 @@ only when
   not read again every time, and other work in the bucket is still found in
   time (a whole read every WHOLE_READ_EVERY refreshes finds what a lost
   hint did not tell of, due before the bound).
-  A full view whose due work is all held back is not read: the backlog
-  behind it waits until the work in front is taken (as a tenant's would,
-  but that tenants are asked for their own).
+* its view is full and all its due work is held back: the due work of
+  other lanes (other hosts, Kafka) may wait behind that backlog, so the
+  bucket is read past the lanes held back (``Read.skipping``) at once, and
+  again a refresh interval after, or at once when that read was full and
+  its work has been taken. A host at its bound or with its circuit open
+  never holds up another host or a topic in the same bucket; the backlog
+  held back is not read again until it may go (taken, the view empties
+  and is read whole).
 
 Everything else costs the store nothing: a bucket with cached due work is
 served from the cache, an idle one is read once a refresh interval whatever
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from node.schedule.destination import lane
 from node.schedule.times import aware
 
 Doc = dict[str, Any]
@@ -62,6 +68,9 @@ class Read:
     # Only what is due after this: the view holds everything due up to it,
     # and what is read is added to the view rather than replacing it.
     after: datetime | None = None
+    # None of these lanes (``lane``: hosts, None for Kafka): the view is full
+    # of their work, held back; what is read is added to it.
+    skipping: frozenset[str | None] = frozenset()
 
 
 @dataclass
@@ -72,6 +81,8 @@ class _View:
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
     whole_at: float | None = None  # monotonic: the last read of everything due
+    past_at: float | None = None  # monotonic: the last read past the lanes held back
+    past_full: bool = False  # that read returned its limit: more is behind
 
 
 class DueBook:
@@ -128,8 +139,7 @@ class DueBook:
         kept = sum(len(v.docs) for b, v in self._views.items() if b not in reading)
         limit = max(self.min_read, max(0, self.budget - kept) // len(wanted))
         return [
-            Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
-            for bucket, view in wanted
+            self._read(bucket, view, now, monotonic, until, limit, held) for bucket, view in wanted
         ]
 
     def learned(self, read: Read, docs: Sequence[Doc], monotonic: float) -> None:
@@ -137,6 +147,15 @@ class DueBook:
         view = self._views.get(read.bucket)
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
+        if read.skipping:
+            # Beside the backlog held back: the view stays full, its bound
+            # and its whole read as they were.
+            known = {d["_id"] for d in view.docs}
+            view.docs = sorted([*view.docs, *(d for d in docs if d["_id"] not in known)], key=_due)
+            view.past_at = monotonic
+            view.past_full = len(docs) >= read.limit
+            return
+        view.past_at, view.past_full = None, False
         if read.after is not None:
             known = {d["_id"] for d in view.docs}
             docs = [*view.docs, *(d for d in docs if d["_id"] not in known)]
@@ -242,18 +261,47 @@ class DueBook:
         ``now``, a view with due work in hand (not ``held``) is not idle: it
         is read again once that work is taken."""
         times = [
-            float("-inf") if view.read_at is None else view.read_at + self.refresh
+            self._next_read_of(view, now, held)
             for view in self._views.values()
-            if now is None
-            or view.read_at is None
-            or not (_in_hand(view, now, held) or (view.full and _holds_due(view, now)))
+            if now is None or view.read_at is None or not _in_hand(view, now, held)
         ]
-        return min(times, default=None)
+        return min((t for t in times if t != float("inf")), default=None)
 
     def held(self) -> dict[int, int]:
         return {bucket: view.token for bucket, view in self._views.items()}
 
     # -- inside ---------------------------------------------------------------------
+
+    def _read(
+        self,
+        bucket: int,
+        view: _View,
+        now: datetime,
+        monotonic: float,
+        until: datetime,
+        limit: int,
+        held: Callable[[Doc], bool] | None,
+    ) -> Read:
+        # A view marked stale (a hint, a failed claim) is read whole first.
+        if view.read_at is not None and _blocked(view, now, held):
+            assert held is not None  # _blocked says so
+            lanes = frozenset(lane(d) for d in view.docs if _due(d) <= now and held(d))
+            return Read(bucket, view.token, until, limit, skipping=lanes)
+        return Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
+
+    def _next_read_of(
+        self, view: _View, now: datetime | None, held: Callable[[Doc], bool] | None
+    ) -> float:
+        """When ``view`` is read next (not in hand: the caller checks)."""
+        if view.read_at is None:
+            return float("-inf")
+        if now is not None and view.full and _holds_due(view, now):
+            if held is None:
+                return float("inf")  # read on once the work in front is taken
+            if view.past_at is None or _more_past(view, now, held):
+                return float("-inf")
+            return view.past_at + self.refresh
+        return view.read_at + self.refresh
 
     def _read_after(
         self,
@@ -284,8 +332,15 @@ class DueBook:
             return True
         if _in_hand(view, now, held):
             return False  # work in hand: deliver it first
+        if _blocked(view, now, held):
+            # Held back, a backlog behind it: other lanes' work may be there.
+            return (
+                view.past_at is None
+                or _more_past(view, now, held)
+                or monotonic - view.past_at >= self.refresh
+            )
         if view.full and _holds_due(view, now):
-            return False  # held back, a backlog behind it: read on once it is taken
+            return False  # a backlog behind it: read on once the work in front is taken
         if view.full and not view.docs:
             return True  # the backlog behind the last read
         return monotonic - view.read_at >= self.refresh
@@ -297,6 +352,22 @@ def _due(doc: Doc) -> datetime:
 
 def _holds_due(view: _View, now: datetime) -> bool:
     return any(_due(d) <= now for d in view.docs)
+
+
+def _blocked(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
+    """Whether ``view`` is full of due work that is all held back (the
+    caller checks it has none in hand): other lanes may wait behind it."""
+    return held is not None and view.full and _holds_due(view, now)
+
+
+def _more_past(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
+    """Whether more of other lanes' due work waits past the backlog held
+    back: the last read past it was full, and all it brought has been taken
+    (the view holds only due work held back; work read ahead waits for its
+    time, so the same read is not made again meanwhile)."""
+    return view.past_full and all(
+        _due(d) <= now and held is not None and held(d) for d in view.docs
+    )
 
 
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:

@@ -337,7 +337,9 @@ class BucketPoller:
 
         async def one(read: Read) -> None:
             async with gate:
-                docs = await self.store.find_due(read.bucket, read.until, read.limit, read.after)
+                docs = await self.store.find_due(
+                    read.bucket, read.until, read.limit, read.after, read.skipping
+                )
             self.book.learned(read, docs, self.monotonic())
 
         await asyncio.gather(*(one(read) for read in reads))

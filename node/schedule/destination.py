@@ -155,3 +155,10 @@ def is_http(doc: dict[str, Any]) -> bool:
 def http_host(doc: dict[str, Any]) -> str:
     """A stored HTTP schedule's host: what per-host bounds count by."""
     return str(doc["http"].get("host") or "")
+
+
+def lane(doc: dict[str, Any]) -> str | None:
+    """What a due schedule waits on when it is held back: its HTTP host, or
+    None for a Kafka schedule (the broker). The store reads a bucket's due
+    work past the lanes held back (``http.host`` is null for Kafka)."""
+    return http_host(doc) if is_http(doc) else None

@@ -110,6 +110,19 @@ INDEXES = [
     IndexSpec(
         "bucket_status_due", [("bucket", ASCENDING), ("status", ASCENDING), ("dueAt", ASCENDING)]
     ),
+    # A bucket's due work past a backlog held back (a host at its bound or
+    # with its circuit open, Kafka while the broker is down): the same with
+    # each lane's entries apart (``http.host``; null for Kafka), so a read
+    # skipping some lanes walks only the others.
+    IndexSpec(
+        "bucket_status_host_due",
+        [
+            ("bucket", ASCENDING),
+            ("status", ASCENDING),
+            ("http.host", ASCENDING),
+            ("dueAt", ASCENDING),
+        ],
+    ),
     # A tenant's PENDING count (its quota), and its earliest due work in this
     # node's buckets when another tenant's backlog fills a view (fair
     # delivery): one range per bucket, merged by due time.

@@ -7,7 +7,7 @@ Only what the statements use, with MongoDB's meaning
 (https://www.mongodb.com/docs/manual/reference/operator/query/):
 
 * filters: equality (a null matches a missing field; an array field matches
-  when it holds the value), ``$in``, ``$eq``, ``$lt``, ``$lte``, ``$gt``,
+  when it holds the value), ``$in``, ``$nin``, ``$eq``, ``$lt``, ``$lte``, ``$gt``,
   ``$gte`` (values of another type never match), ``$all``, and a top-level
   ``$or``;
 * updates: ``$set``, ``$unset``, ``$inc``, ``$push`` with ``$each`` and a
@@ -86,6 +86,8 @@ def _operator(value: Any, op: str, operand: Any) -> bool:
         return (value is not _MISSING) == bool(operand)
     if op == "$in":
         return any(_equals(value, candidate) for candidate in operand)
+    if op == "$nin":  # a null in the list excludes a missing field too
+        return not any(_equals(value, candidate) for candidate in operand)
     if op == "$all":
         return isinstance(value, list) and all(_equals(value, item) for item in operand)
     if op in _ORDERS:

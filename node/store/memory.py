@@ -369,9 +369,14 @@ class MemorySchedules(Faults):
 
     @_store_call
     async def find_due(
-        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+        self,
+        bucket: int,
+        until: datetime,
+        limit: int,
+        after: datetime | None = None,
+        skipping: Collection[str | None] = (),
     ) -> list[dict[str, Any]]:
-        return self._oldest_due(statements.due(bucket, until, after), limit, "due")
+        return self._oldest_due(statements.due(bucket, until, after, skipping), limit, "due")
 
     @_store_call
     async def oldest_due_of(

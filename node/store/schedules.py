@@ -494,17 +494,30 @@ class ScheduleStore:
 
     @store_call
     async def find_due(
-        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+        self,
+        bucket: int,
+        until: datetime,
+        limit: int,
+        after: datetime | None = None,
+        skipping: Collection[str | None] = (),
     ) -> list[dict[str, Any]]:
         """``bucket``'s PENDING schedules due by ``until`` (and after
         ``after``), from the earliest, at most ``limit``: one range of the
         ``{bucket, status, dueAt}`` index, so its cost is what it returns,
-        whatever waits in the future or in other buckets."""
+        whatever waits in the future or in other buckets.
+
+        Skipping lanes (hosts held back, or Kafka while the broker is down),
+        it reads ``{bucket, status, http.host, dueAt}`` instead: one range per
+        gap between the skipped hosts, each bounded by due time, merged in a
+        sort of at most ``limit``. What it walks is the due work of the lanes
+        not skipped (work the node takes next), never the backlog held back."""
+        skip = {"hint": "bucket_status_host_due"} if skipping and self.hints else {}
         docs = await (
             self.schedules.find(
-                statements.due(bucket, until, after),
+                statements.due(bucket, until, after, skipping),
                 # A large payload stays behind: the poller fetches it at publish time.
                 WITHOUT_LARGE_PAYLOAD,
+                **skip,
             )
             .sort("dueAt", ASCENDING)
             .limit(limit)

@@ -13,7 +13,7 @@ Pure: no IO and no driver call, no clock (``now`` is passed in).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,12 +64,23 @@ def fence(operator: str, token: int, *, unfenced: bool = False) -> dict[str, Any
     return {} if unfenced else {"token": {operator: token}}
 
 
-def due(bucket: int, until: datetime, after: datetime | None = None) -> dict[str, Any]:
-    """``bucket``'s PENDING schedules due by ``until`` (and after ``after``)."""
+def due(
+    bucket: int,
+    until: datetime,
+    after: datetime | None = None,
+    skipping: Collection[str | None] = (),
+) -> dict[str, Any]:
+    """``bucket``'s PENDING schedules due by ``until`` (and after ``after``),
+    but those of the lanes ``skipping`` (HTTP hosts; None: Kafka schedules,
+    which have no ``http.host``)."""
     window: dict[str, Any] = {"$lte": until}
     if after is not None:
         window["$gt"] = after
-    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
+    query: dict[str, Any] = {"bucket": bucket, "status": Status.PENDING.value}
+    if skipping:
+        # In a fixed order: the same lanes make the same statement.
+        query["http.host"] = {"$nin": sorted(skipping, key=lambda h: (h is not None, h or ""))}
+    return {**query, "dueAt": window}
 
 
 def pending_of(tenant: str, buckets: Iterable[int]) -> dict[str, Any]:
