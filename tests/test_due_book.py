@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.delivery.due_book import DueBook, Read
+from node.delivery.due_book import WHOLE_READ_EVERY, DueBook, Read
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 REFRESH = 1.0
@@ -231,18 +231,30 @@ def test_a_full_view_held_back_is_read_past_its_lanes() -> None:
     assert later.skipping == frozenset({"a"})
 
 
-def test_lanes_skipped_are_those_of_the_work_held_back() -> None:
-    """The broker down (Kafka held) and host b at its bound: both skipped,
-    host c's not; with nothing held back the full view waits as before."""
+def test_lanes_skipped_are_the_slow_ones_in_front() -> None:
+    """A full view's due HTTP hosts are skipped (they go a bounded number of
+    calls at a time), and Kafka too while the broker is down (held back);
+    with the broker up the records in front go at once, and are read again
+    past host b's backlog; reads that find nothing come less often, each
+    reading ahead as far as the next."""
     book = DueBook(refresh=REFRESH, budget=4, min_read=4)
     book.sync({2: 1})
     [whole] = book.reads(at(0), 0.0, REFRESH)
-    book.learned(
-        whole,
-        [doc("k0", 2, -3), call("b0", 2, -2, "b"), doc("k1", 2, -1), call("b1", 2, 0, "b")],
-        0.0,
-    )
-    held = lambda d: "http" not in d or d["http"]["host"] == "b"  # noqa: E731
-    [past] = book.reads(at(0), 0.0, REFRESH, held)
+    front = [doc("k0", 2, -3), call("b0", 2, -2, "b"), doc("k1", 2, -1), call("b1", 2, 0, "b")]
+    book.learned(whole, front, 0.0)
+    kafka_down = lambda d: "http" not in d  # noqa: E731
+    [past] = book.reads(at(0), 0.0, REFRESH, kafka_down)
     assert past.skipping == frozenset({None, "b"})
-    assert book.reads(at(5), 5.0, REFRESH) == []  # nothing held: in hand
+    assert past.until >= at(WHOLE_READ_EVERY * REFRESH)
+    [past] = book.reads(at(0), 0.0, REFRESH)
+    assert past.skipping == frozenset({"b"})
+    book.learned(past, [], 0.0)
+    book.taken(front[::2])  # the records went
+    assert book.next_read(at(0.5), None) == 2 * REFRESH  # found nothing: doubled
+    assert book.reads(at(1), 1.0, REFRESH) == []
+    [again] = book.reads(at(2), 2.0, REFRESH)
+    book.learned(again, [doc("k2", 2, 2.5)], 2.0)
+    assert book.next_read(at(2.1), None) == 2.0 + REFRESH  # found some: back to the interval
+    [third] = book.reads(at(3), 3.0, REFRESH)
+    book.learned(third, [], 3.0)
+    assert book.next_read(at(3.1), None) == 3.0 + 2 * REFRESH

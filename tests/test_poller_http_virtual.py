@@ -334,3 +334,27 @@ async def test_the_broker_down_with_a_full_view_of_records_hides_no_call(
     assert a.publisher.ids() == []
     a.publisher.down = False
     await a.run_until(lambda: len(a.publisher.ids()) == 60, within=60)
+
+
+async def test_a_host_draining_a_backlog_holds_up_no_record_behind_it(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a answers two calls a second (its bound, each call a second)
+    with 60 due: its calls are in hand every round, yet the records due
+    behind its backlog in the same bucket go within a poll interval or two
+    of their time, long before a's backlog has drained."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(60):
+        await add(schedules, time, f"a{n:02}", 0)
+    for n in range(10):
+        await schedules.insert(schedule(f"k{n}", time.at(2 + n), time.wall()), time.wall())
+    late: list[float] = []
+    for second in range(14):
+        await a.run(1)
+        a.receiver.release("a.example")  # the two calls out answer
+        a.receiver.hang["a.example"] = asyncio.Event()
+        late += [second + 1 - (2 + int(k[1:])) for k in a.publisher.ids()[len(late) :]]
+    assert sorted(a.publisher.ids()) == [f"k{n}" for n in range(10)]
+    assert max(late) <= 2, late
+    assert len(a.receiver.ids()) < 40  # a's backlog is still draining

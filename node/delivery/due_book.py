@@ -21,14 +21,18 @@ only when
   not read again every time, and other work in the bucket is still found in
   time (a whole read every WHOLE_READ_EVERY refreshes finds what a lost
   hint did not tell of, due before the bound).
-* its view is full and all its due work is held back: the due work of
-  other lanes (other hosts, Kafka) may wait behind that backlog, so the
-  bucket is read past the lanes held back (``Read.skipping``) at once, and
-  again a refresh interval after, or at once when that read was full and
-  its work has been taken. A host at its bound or with its circuit open
-  never holds up another host or a topic in the same bucket; the backlog
-  held back is not read again until it may go (taken, the view empties
-  and is read whole).
+* its view is full and its due work is of lanes that go slowly or not at
+  all (``lane``: an HTTP host, which goes at most HTTP_MAX_PER_HOST calls
+  at a time, or waits on its circuit; Kafka while the broker is down): the
+  due work of other lanes (other hosts, Kafka) may wait behind that
+  backlog, so the bucket is read past those lanes (``Read.skipping``): at
+  once, then again a refresh interval later (doubling, up to
+  WHOLE_READ_EVERY intervals, while such reads find nothing; each reads
+  ahead as far as the next), or at once when the last one was full and
+  what it brought has been taken. So a host draining a backlog, at its
+  bound or with its circuit open never holds up another host or a topic
+  in the same bucket, and the backlog in front is not read again until it
+  has gone (the view empties and is read whole).
 
 Everything else costs the store nothing: a bucket with cached due work is
 served from the cache, an idle one is read once a refresh interval whatever
@@ -47,7 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from node.schedule.destination import lane
+from node.schedule.destination import is_http, lane
 from node.schedule.times import aware
 
 Doc = dict[str, Any]
@@ -81,8 +85,10 @@ class _View:
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
     whole_at: float | None = None  # monotonic: the last read of everything due
-    past_at: float | None = None  # monotonic: the last read past the lanes held back
+    past_at: float | None = None  # monotonic: the last read past the slow lanes
     past_full: bool = False  # that read returned its limit: more is behind
+    past_lanes: frozenset[str | None] = frozenset()  # the lanes it skipped
+    past_every: float = 0.0  # seconds to the next such read (0: the refresh interval)
 
 
 class DueBook:
@@ -148,14 +154,19 @@ class DueBook:
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
         if read.skipping:
-            # Beside the backlog held back: the view stays full, its bound
-            # and its whole read as they were.
+            # Beside the backlog in front: the view stays full, its bound and
+            # its whole read as they were.
             known = {d["_id"] for d in view.docs}
-            view.docs = sorted([*view.docs, *(d for d in docs if d["_id"] not in known)], key=_due)
-            view.past_at = monotonic
+            found = [d for d in docs if d["_id"] not in known]
+            view.docs = sorted([*view.docs, *found], key=_due)
+            view.past_at, view.past_lanes = monotonic, read.skipping
             view.past_full = len(docs) >= read.limit
+            # Found nothing: look less often (what is accepted meanwhile is
+            # hinted, and each read reads ahead as far as the next).
+            every = self._past_every(view)
+            view.past_every = self.refresh if found else min(2 * every, self._past_most)
             return
-        view.past_at, view.past_full = None, False
+        view.past_at, view.past_full, view.past_every = None, False, 0.0
         if read.after is not None:
             known = {d["_id"] for d in view.docs}
             docs = [*view.docs, *(d for d in docs if d["_id"] not in known)]
@@ -260,17 +271,20 @@ class DueBook:
         (a missing view: now, that is the earliest time there is). Given
         ``now``, a view with due work in hand (not ``held``) is not idle: it
         is read again once that work is taken."""
-        times = [
-            self._next_read_of(view, now, held)
-            for view in self._views.values()
-            if now is None or view.read_at is None or not _in_hand(view, now, held)
-        ]
+        times = [self._next_read_of(view, now, held) for view in self._views.values()]
         return min((t for t in times if t != float("inf")), default=None)
 
     def held(self) -> dict[int, int]:
         return {bucket: view.token for bucket, view in self._views.items()}
 
     # -- inside ---------------------------------------------------------------------
+
+    @property
+    def _past_most(self) -> float:
+        return WHOLE_READ_EVERY * self.refresh
+
+    def _past_every(self, view: _View) -> float:
+        return view.past_every or self.refresh
 
     def _read(
         self,
@@ -282,25 +296,32 @@ class DueBook:
         limit: int,
         held: Callable[[Doc], bool] | None,
     ) -> Read:
+        lanes = _slow_lanes(view, now, held)
         # A view marked stale (a hint, a failed claim) is read whole first.
-        if view.read_at is not None and _blocked(view, now, held):
-            assert held is not None  # _blocked says so
-            lanes = frozenset(lane(d) for d in view.docs if _due(d) <= now and held(d))
-            return Read(bucket, view.token, until, limit, skipping=lanes)
+        if view.read_at is not None and lanes:
+            # As far ahead as the next read past them, at the longest.
+            ahead = now + timedelta(seconds=self._past_most + self.refresh)
+            return Read(bucket, view.token, max(until, ahead), limit, skipping=lanes)
         return Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
+
+    def _past_read_at(self, view: _View, now: datetime) -> float:
+        """When ``view``, full of slow lanes' work, is read past them next."""
+        if view.past_at is None or _more_past(view, now):
+            return float("-inf")
+        return view.past_at + self._past_every(view)
 
     def _next_read_of(
         self, view: _View, now: datetime | None, held: Callable[[Doc], bool] | None
     ) -> float:
-        """When ``view`` is read next (not in hand: the caller checks)."""
+        """When ``view`` is read next (inf: once the work in it is taken)."""
         if view.read_at is None:
             return float("-inf")
-        if now is not None and view.full and _holds_due(view, now):
-            if held is None:
-                return float("inf")  # read on once the work in front is taken
-            if view.past_at is None or _more_past(view, now, held):
-                return float("-inf")
-            return view.past_at + self.refresh
+        if now is None:
+            return view.read_at + self.refresh
+        if _slow_lanes(view, now, held):
+            return self._past_read_at(view, now)
+        if _in_hand(view, now, held) or (view.full and _holds_due(view, now)):
+            return float("inf")
         return view.read_at + self.refresh
 
     def _read_after(
@@ -330,15 +351,11 @@ class DueBook:
     ) -> bool:
         if view.read_at is None:
             return True
+        if _slow_lanes(view, now, held):
+            # A backlog of slow lanes in front: other lanes' work may be behind.
+            return monotonic >= self._past_read_at(view, now)
         if _in_hand(view, now, held):
             return False  # work in hand: deliver it first
-        if _blocked(view, now, held):
-            # Held back, a backlog behind it: other lanes' work may be there.
-            return (
-                view.past_at is None
-                or _more_past(view, now, held)
-                or monotonic - view.past_at >= self.refresh
-            )
         if view.full and _holds_due(view, now):
             return False  # a backlog behind it: read on once the work in front is taken
         if view.full and not view.docs:
@@ -354,20 +371,28 @@ def _holds_due(view: _View, now: datetime) -> bool:
     return any(_due(d) <= now for d in view.docs)
 
 
-def _blocked(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
-    """Whether ``view`` is full of due work that is all held back (the
-    caller checks it has none in hand): other lanes may wait behind it."""
-    return held is not None and view.full and _holds_due(view, now)
-
-
-def _more_past(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
-    """Whether more of other lanes' due work waits past the backlog held
-    back: the last read past it was full, and all it brought has been taken
-    (the view holds only due work held back; work read ahead waits for its
-    time, so the same read is not made again meanwhile)."""
-    return view.past_full and all(
-        _due(d) <= now and held is not None and held(d) for d in view.docs
+def _slow_lanes(
+    view: _View, now: datetime, held: Callable[[Doc], bool] | None
+) -> frozenset[str | None]:
+    """Of a full view's due work, the lanes that go slowly or not at all:
+    HTTP hosts (a bounded number of calls at a time), and whatever is held
+    back (``held``: Kafka while the broker is down). Empty when the view is
+    not full: it then holds every lane's due work up to its bound."""
+    if not view.full:
+        return frozenset()
+    return frozenset(
+        lane(d)
+        for d in view.docs
+        if _due(d) <= now and (is_http(d) or (held is not None and held(d)))
     )
+
+
+def _more_past(view: _View, now: datetime) -> bool:
+    """Whether more of other lanes' due work waits past the slow lanes: the
+    last read past them was full, and all it brought has been taken (the
+    view holds only due work of the lanes it skipped; work read ahead waits
+    for its time, so the same read is not made again meanwhile)."""
+    return view.past_full and all(_due(d) <= now and lane(d) in view.past_lanes for d in view.docs)
 
 
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
