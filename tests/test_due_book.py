@@ -88,7 +88,8 @@ def test_a_full_read_is_followed_by_the_next_as_soon_as_its_work_is_taken() -> N
     reads = round_(book, store, 0.0)
     assert [r.limit for r in reads] == [2, 2]  # the budget, shared
     assert book.hiding(at(0.0)) == [1]
-    assert book.frontier() == at(0.0)
+    later = doc("later", 2, 0.5)
+    assert book.in_order([doc("s0", 1, 0.0), later]) == [doc("s0", 1, 0.0)]  # s2... may be first
     first = book.due(at(0.0))
     assert len(first) == 2
     for d in first:
@@ -192,69 +193,61 @@ def call(schedule_id: str, bucket: int, due: float, host: str) -> dict[str, Any]
     return {**doc(schedule_id, bucket, due), "http": {"url": f"https://{host}/", "host": host}}
 
 
-def test_a_full_view_held_back_is_read_past_its_lanes() -> None:
-    """Bucket 1's view is full of host a's calls, all held back: the next
-    round reads past lane a (Kafka and other hosts), adds what it finds to
-    the view, and reads past again a refresh later, or at once when that
-    read was full and its work has been taken; a's backlog is not read again."""
-    book = DueBook(refresh=REFRESH, budget=4, min_read=4)
-    book.sync({1: 5})
-    held_a = lambda d: d.get("http", {}).get("host") == "a"  # noqa: E731
-    [whole] = book.reads(at(10), 10.0, REFRESH, held_a)
-    assert whole.skipping == frozenset()
-    book.learned(whole, [call(f"a{n}", 1, n, "a") for n in range(4)], 10.0)
-    [past] = book.reads(at(10), 10.0, REFRESH, held_a)
-    assert past.skipping == frozenset({"a"}) and past.after is None
-    behind = [doc(f"k{n}", 1, 5 + n) for n in range(4)]
-    book.learned(past, behind, 10.0)
-    assert [d["_id"] for d in book.due(at(10))] == [
-        *(f"a{n}" for n in range(4)),
-        "k0",
-        "k1",
-        "k2",
-        "k3",
-    ]
-    assert book.reads(at(10), 10.0, REFRESH, held_a) == []  # work in hand
+def test_views_full_of_a_slow_lane_are_read_past_it_in_one_read() -> None:
+    """Buckets 1 and 2 are full of host a's calls, bucket 3 of records: one
+    read for 1 and 2 past lane a (Kafka and other hosts), its finds kept
+    behind each view; then a refresh later, doubling while reads find
+    nothing; at once when a read was full and all it brought is taken."""
+    book = DueBook(refresh=REFRESH, budget=12, min_read=2)
+    book.sync({1: 5, 2: 5, 3: 5})
+    reads = book.reads(at(10), 10.0, REFRESH)
+    assert [r.limit for r in reads] == [4, 4, 4] and book.past.limit == 3
+    book.learned(reads[0], [call(f"a{n}", 1, n, "a") for n in range(4)], 10.0)
+    book.learned(reads[1], [call(f"a{n}", 2, n, "a") for n in range(4, 8)], 10.0)
+    book.learned(reads[2], [doc(f"r{n}", 3, n + 0.5) for n in range(3)], 10.0)  # all of it
+    assert book.next_read(at(10), None) == float("-inf")
+    past = book.past_read(at(10), 10.0)
+    assert past is not None
+    assert past.tokens == {1: 5, 2: 5} and past.skipping == frozenset({"a"})
+    assert past.until >= at(10 + WHOLE_READ_EVERY * REFRESH)
+    behind = [doc("k0", 1, 9), call("b0", 2, 9.5, "b")]
+    book.learned_past(past, behind, 10.0)
+    assert [d["_id"] for d in book.due(at(10))][-3:] == ["a7", "k0", "b0"]
+    assert book.past_read(at(10), 10.0) is None  # not again at once
+    assert book.past_read(at(10.5), 10.5) is None
+    # What the read past lane a found goes in order before a's unread backlog:
+    # it holds every record and other host's call due up to its bound.
+    assert book.in_order([*behind, call("a9", 1, 9, "a")]) == behind
     book.taken(behind)
-    # That read was full and all it brought is taken: more may wait, read at once.
-    assert book.next_read(at(10), held_a) == float("-inf")
-    [again] = book.reads(at(10), 10.0, REFRESH, held_a)
-    assert again.skipping == frozenset({"a"})
-    ahead = [doc("k9", 1, 10.5)]  # due within the look-ahead, not yet
-    book.learned(again, ahead, 10.0)
-    # Not full: the next read past lane a is a refresh later, not a busy loop.
-    assert book.reads(at(10.1), 10.1, REFRESH, held_a) == []
-    assert book.next_read(at(10.1), held_a) == 10.0 + REFRESH
-    assert book.next_due(held_a) == at(10.5)
-    book.taken(ahead)
-    [later] = book.reads(at(11), 11.0, REFRESH, held_a)
-    assert later.skipping == frozenset({"a"})
+    assert book.next_read(at(10.5), None) == 10.0 + REFRESH
+    again = book.past_read(at(11), 11.0)
+    assert again is not None
+    book.learned_past(again, [], 11.0)
+    assert book.next_read(at(11.5), None) == 11.0 + 2 * REFRESH  # found nothing: doubled
+    third = book.past_read(at(13), 13.0)
+    assert third is not None
+    more = [doc(f"k{n}", 1, 13) for n in range(1, 4)]
+    book.learned_past(third, more, 13.0)  # full: its limit
+    assert book.past_read(at(13), 13.0) is None  # what it brought is in hand
+    book.taken(more)
+    assert book.next_read(at(13), None) == float("-inf")  # more may wait behind
 
 
-def test_lanes_skipped_are_the_slow_ones_in_front() -> None:
-    """A full view's due HTTP hosts are skipped (they go a bounded number of
-    calls at a time), and Kafka too while the broker is down (held back);
-    with the broker up the records in front go at once, and are read again
-    past host b's backlog; reads that find nothing come less often, each
-    reading ahead as far as the next."""
+def test_the_slow_lanes_are_hosts_and_what_is_held_back() -> None:
+    """Kafka is skipped only while held back (the broker down); a hint into a
+    full view brings the next read past its lanes to the next interval."""
     book = DueBook(refresh=REFRESH, budget=4, min_read=4)
     book.sync({2: 1})
     [whole] = book.reads(at(0), 0.0, REFRESH)
     front = [doc("k0", 2, -3), call("b0", 2, -2, "b"), doc("k1", 2, -1), call("b1", 2, 0, "b")]
     book.learned(whole, front, 0.0)
     kafka_down = lambda d: "http" not in d  # noqa: E731
-    [past] = book.reads(at(0), 0.0, REFRESH, kafka_down)
-    assert past.skipping == frozenset({None, "b"})
-    assert past.until >= at(WHOLE_READ_EVERY * REFRESH)
-    [past] = book.reads(at(0), 0.0, REFRESH)
-    assert past.skipping == frozenset({"b"})
-    book.learned(past, [], 0.0)
-    book.taken(front[::2])  # the records went
-    assert book.next_read(at(0.5), None) == 2 * REFRESH  # found nothing: doubled
-    assert book.reads(at(1), 1.0, REFRESH) == []
-    [again] = book.reads(at(2), 2.0, REFRESH)
-    book.learned(again, [doc("k2", 2, 2.5)], 2.0)
-    assert book.next_read(at(2.1), None) == 2.0 + REFRESH  # found some: back to the interval
-    [third] = book.reads(at(3), 3.0, REFRESH)
-    book.learned(third, [], 3.0)
-    assert book.next_read(at(3.1), None) == 3.0 + 2 * REFRESH
+    past = book.past_read(at(0), 0.0, kafka_down)
+    assert past is not None and past.skipping == frozenset({None, "b"})
+    past = book.past_read(at(0), 0.0)
+    assert past is not None and past.skipping == frozenset({"b"})
+    book.learned_past(past, [], 0.0)
+    book.learned_past(past, [], 2.0)
+    assert book.next_read(at(2.5), None) == 2.0 + 4 * REFRESH
+    book.hint(2, at(3))
+    assert book.next_read(at(2.5), None) == 2.0 + REFRESH

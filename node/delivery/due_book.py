@@ -21,18 +21,10 @@ only when
   not read again every time, and other work in the bucket is still found in
   time (a whole read every WHOLE_READ_EVERY refreshes finds what a lost
   hint did not tell of, due before the bound).
-* its view is full and its due work is of lanes that go slowly or not at
-  all (``lane``: an HTTP host, which goes at most HTTP_MAX_PER_HOST calls
-  at a time, or waits on its circuit; Kafka while the broker is down): the
-  due work of other lanes (other hosts, Kafka) may wait behind that
-  backlog, so the bucket is read past those lanes (``Read.skipping``): at
-  once, then again a refresh interval later (doubling, up to
-  WHOLE_READ_EVERY intervals, while such reads find nothing; each reads
-  ahead as far as the next), or at once when the last one was full and
-  what it brought has been taken. So a host draining a backlog, at its
-  bound or with its circuit open never holds up another host or a topic
-  in the same bucket, and the backlog in front is not read again until it
-  has gone (the view empties and is read whole).
+  A full view whose due work is all held back is not read: the backlog
+  behind it waits until the work in front is taken (as a tenant's would,
+  but that tenants are asked for their own, and other lanes are read past
+  it: ``past_lanes.py``, whose finds a view keeps apart, ``behind``).
 
 Everything else costs the store nothing: a bucket with cached due work is
 served from the cache, an idle one is read once a refresh interval whatever
@@ -51,7 +43,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from node.schedule.destination import is_http, lane
+from node.delivery.past_lanes import PastLanes, PastRead
+from node.schedule.destination import lane
 from node.schedule.times import aware
 
 Doc = dict[str, Any]
@@ -72,9 +65,6 @@ class Read:
     # Only what is due after this: the view holds everything due up to it,
     # and what is read is added to the view rather than replacing it.
     after: datetime | None = None
-    # None of these lanes (``lane``: hosts, None for Kafka): the view is full
-    # of their work, held back; what is read is added to it.
-    skipping: frozenset[str | None] = frozenset()
 
 
 @dataclass
@@ -85,10 +75,12 @@ class _View:
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
     whole_at: float | None = None  # monotonic: the last read of everything due
-    past_at: float | None = None  # monotonic: the last read past the slow lanes
-    past_full: bool = False  # that read returned its limit: more is behind
-    past_lanes: frozenset[str | None] = frozenset()  # the lanes it skipped
-    past_every: float = 0.0  # seconds to the next such read (0: the refresh interval)
+    # What a read past the slow lanes found here (``past_lanes.py``), due
+    # after everything in ``docs`` of a full view, earliest first.
+    behind: list[Doc] = field(default_factory=list)
+
+    def all_docs(self) -> list[Doc]:
+        return [*self.docs, *self.behind]
 
 
 class DueBook:
@@ -100,6 +92,7 @@ class DueBook:
         self.budget = budget
         self.min_read = min_read
         self._views: dict[int, _View] = {}
+        self.past = PastLanes(refresh, WHOLE_READ_EVERY * refresh, limit=max(min_read, budget // 4))
 
     # -- what the node holds ------------------------------------------------------
 
@@ -145,7 +138,8 @@ class DueBook:
         kept = sum(len(v.docs) for b, v in self._views.items() if b not in reading)
         limit = max(self.min_read, max(0, self.budget - kept) // len(wanted))
         return [
-            self._read(bucket, view, now, monotonic, until, limit, held) for bucket, view in wanted
+            Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
+            for bucket, view in wanted
         ]
 
     def learned(self, read: Read, docs: Sequence[Doc], monotonic: float) -> None:
@@ -153,29 +147,37 @@ class DueBook:
         view = self._views.get(read.bucket)
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
-        if read.skipping:
-            # Beside the backlog in front: the view stays full, its bound and
-            # its whole read as they were.
-            known = {d["_id"] for d in view.docs}
-            found = [d for d in docs if d["_id"] not in known]
-            view.docs = sorted([*view.docs, *found], key=_due)
-            view.past_at, view.past_lanes = monotonic, read.skipping
-            view.past_full = len(docs) >= read.limit
-            # Found nothing: look less often (what is accepted meanwhile is
-            # hinted, and each read reads ahead as far as the next).
-            every = self._past_every(view)
-            view.past_every = self.refresh if found else min(2 * every, self._past_most)
-            return
-        view.past_at, view.past_full, view.past_every = None, False, 0.0
         if read.after is not None:
             known = {d["_id"] for d in view.docs}
             docs = [*view.docs, *(d for d in docs if d["_id"] not in known)]
         else:
             view.whole_at = monotonic
         view.docs = sorted(docs, key=_due)
+        read_now = {d["_id"] for d in view.docs}
+        view.behind = [d for d in view.behind if d["_id"] not in read_now]
         view.read_at = monotonic
         view.until = read.until
         view.full = len(docs) >= read.limit
+
+    def past_read(
+        self, now: datetime, monotonic: float, held: Callable[[Doc], bool] | None = None
+    ) -> PastRead | None:
+        """The read past the slow lanes this round must make, if any."""
+        return self.past.read(self._crowded(), now, monotonic, held)
+
+    def learned_past(self, read: PastRead, docs: Sequence[Doc], monotonic: float) -> None:
+        """A read past the slow lanes came back: each schedule joins what
+        its view has behind (of the views still held under that token)."""
+        found_new = False
+        for doc in docs:
+            view = self._views.get(int(doc["bucket"]))
+            if view is None or view.token != read.tokens.get(int(doc["bucket"])):
+                continue
+            if all(d["_id"] != doc["_id"] for d in view.all_docs()):
+                view.behind.append(doc)
+                view.behind.sort(key=_due)
+                found_new = True
+        self.past.learned(read, docs, found_new, monotonic)
 
     def stale(self, buckets: Iterable[int]) -> None:
         """Read these again before anything else."""
@@ -194,6 +196,8 @@ class DueBook:
             return False
         if view.read_at is None:
             return True  # read first thing anyway
+        if view.full:
+            self.past.hinted()  # it may be behind a slow lane's backlog
         if view.until is not None and due_at > view.until:
             return False  # after the view's bound: a refresh reads it before it is due
         view.read_at = None
@@ -207,7 +211,7 @@ class DueBook:
             return False
         covered = view.read_at is not None and view.until is not None and _due(doc) <= view.until
         # A read may have returned it already (it landed before the read).
-        if covered and all(d["_id"] != doc["_id"] for d in view.docs):
+        if covered and all(d["_id"] != doc["_id"] for d in view.all_docs()):
             view.docs.append(doc)
             view.docs.sort(key=_due)
         return True
@@ -216,7 +220,7 @@ class DueBook:
 
     def due(self, now: datetime) -> list[Doc]:
         """Every cached schedule due by ``now``, earliest first."""
-        pool = [d for view in self._views.values() for d in view.docs if _due(d) <= now]
+        pool = [d for view in self._views.values() for d in view.all_docs() if _due(d) <= now]
         return sorted(pool, key=_due)
 
     def taken(self, docs: Iterable[Doc]) -> None:
@@ -229,6 +233,7 @@ class DueBook:
             view = self._views.get(bucket)
             if view is not None:
                 view.docs = [d for d in view.docs if str(d["_id"]) not in ids]
+                view.behind = [d for d in view.behind if str(d["_id"]) not in ids]
 
     def hiding(self, now: datetime) -> list[int]:
         """The buckets that may hold schedules due by ``now`` that their views
@@ -243,24 +248,43 @@ class DueBook:
             if view.full and view.docs and _due(view.docs[-1]) <= now
         )
 
-    def frontier(self) -> datetime | None:
-        """The latest due time up to which the book holds every due schedule
-        of every bucket: a full view knows nothing after its last schedule.
-        None: no view is full, the book holds all of it."""
-        return min(
-            (_due(view.docs[-1]) for view in self._views.values() if view.full and view.docs),
-            default=None,
-        )
+    def in_order(self, pool: Iterable[Doc]) -> list[Doc]:
+        """Of ``pool``, what no unread schedule was due before: a full view
+        knows nothing of its bucket after its last schedule, but for what
+        reads past the slow lanes found (the earliest of their lanes, then)
+        and the lanes the last one did not skip, which it knows up to that
+        read's bound (``PastLanes.bound``)."""
+        covered = self.past.covered
+        fronts = [
+            (bucket in covered, _due(view.docs[-1]))
+            for bucket, view in self._views.items()
+            if view.full and view.docs
+        ]
+        front = min((due for past, due in fronts if not past), default=None)
+        slow_front = min((due for past, due in fronts if past), default=None)
+        bound = self.past.bound
+        found = {d["_id"] for view in self._views.values() for d in view.behind}
+
+        def known(doc: Doc) -> bool:
+            due = _due(doc)
+            if front is not None and due > front:
+                return False
+            if slow_front is None or due <= slow_front or doc["_id"] in found:
+                return True
+            return lane(doc) not in self.past.skipped and bound is not None and due <= bound
+
+        return [doc for doc in pool if known(doc)]
 
     def next_due(self, held: Callable[[Doc], bool] | None = None) -> datetime | None:
         """The earliest cached due time (of what is not ``held`` back: due
         work the poller may not claim yet, which an event wakes it for)."""
-        if held is None:
-            return min(
-                (_due(view.docs[0]) for view in self._views.values() if view.docs), default=None
-            )
         return min(
-            (_due(d) for view in self._views.values() for d in view.docs if not held(d)),
+            (
+                _due(d)
+                for view in self._views.values()
+                for d in view.all_docs()
+                if held is None or not held(d)
+            ),
             default=None,
         )
 
@@ -271,58 +295,29 @@ class DueBook:
         (a missing view: now, that is the earliest time there is). Given
         ``now``, a view with due work in hand (not ``held``) is not idle: it
         is read again once that work is taken."""
-        times = [self._next_read_of(view, now, held) for view in self._views.values()]
-        return min((t for t in times if t != float("inf")), default=None)
+        times = [
+            float("-inf") if view.read_at is None else view.read_at + self.refresh
+            for view in self._views.values()
+            if now is None
+            or view.read_at is None
+            or not (_in_hand(view, now, held) or (view.full and _holds_due(view, now)))
+        ]
+        past = None if now is None else self.past.next_at(self._crowded(), now, held)
+        return min([*times, *([] if past is None else [past])], default=None)
 
     def held(self) -> dict[int, int]:
         return {bucket: view.token for bucket, view in self._views.items()}
 
     # -- inside ---------------------------------------------------------------------
 
-    @property
-    def _past_most(self) -> float:
-        return WHOLE_READ_EVERY * self.refresh
-
-    def _past_every(self, view: _View) -> float:
-        return view.past_every or self.refresh
-
-    def _read(
-        self,
-        bucket: int,
-        view: _View,
-        now: datetime,
-        monotonic: float,
-        until: datetime,
-        limit: int,
-        held: Callable[[Doc], bool] | None,
-    ) -> Read:
-        lanes = _slow_lanes(view, now, held)
-        # A view marked stale (a hint, a failed claim) is read whole first.
-        if view.read_at is not None and lanes:
-            # As far ahead as the next read past them, at the longest.
-            ahead = now + timedelta(seconds=self._past_most + self.refresh)
-            return Read(bucket, view.token, max(until, ahead), limit, skipping=lanes)
-        return Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
-
-    def _past_read_at(self, view: _View, now: datetime) -> float:
-        """When ``view``, full of slow lanes' work, is read past them next."""
-        if view.past_at is None or _more_past(view, now):
-            return float("-inf")
-        return view.past_at + self._past_every(view)
-
-    def _next_read_of(
-        self, view: _View, now: datetime | None, held: Callable[[Doc], bool] | None
-    ) -> float:
-        """When ``view`` is read next (inf: once the work in it is taken)."""
-        if view.read_at is None:
-            return float("-inf")
-        if now is None:
-            return view.read_at + self.refresh
-        if _slow_lanes(view, now, held):
-            return self._past_read_at(view, now)
-        if _in_hand(view, now, held) or (view.full and _holds_due(view, now)):
-            return float("inf")
-        return view.read_at + self.refresh
+    def _crowded(self) -> dict[int, tuple[int, list[Doc]]]:
+        """bucket -> (token, schedules) of the full views: those a slow
+        lane's backlog may fill."""
+        return {
+            bucket: (view.token, view.all_docs())
+            for bucket, view in sorted(self._views.items())
+            if view.full and view.read_at is not None and view.docs
+        }
 
     def _read_after(
         self,
@@ -351,13 +346,10 @@ class DueBook:
     ) -> bool:
         if view.read_at is None:
             return True
-        if _slow_lanes(view, now, held):
-            # A backlog of slow lanes in front: other lanes' work may be behind.
-            return monotonic >= self._past_read_at(view, now)
         if _in_hand(view, now, held):
             return False  # work in hand: deliver it first
         if view.full and _holds_due(view, now):
-            return False  # a backlog behind it: read on once the work in front is taken
+            return False  # held back, a backlog behind it: read on once it is taken
         if view.full and not view.docs:
             return True  # the backlog behind the last read
         return monotonic - view.read_at >= self.refresh
@@ -371,30 +363,6 @@ def _holds_due(view: _View, now: datetime) -> bool:
     return any(_due(d) <= now for d in view.docs)
 
 
-def _slow_lanes(
-    view: _View, now: datetime, held: Callable[[Doc], bool] | None
-) -> frozenset[str | None]:
-    """Of a full view's due work, the lanes that go slowly or not at all:
-    HTTP hosts (a bounded number of calls at a time), and whatever is held
-    back (``held``: Kafka while the broker is down). Empty when the view is
-    not full: it then holds every lane's due work up to its bound."""
-    if not view.full:
-        return frozenset()
-    return frozenset(
-        lane(d)
-        for d in view.docs
-        if _due(d) <= now and (is_http(d) or (held is not None and held(d)))
-    )
-
-
-def _more_past(view: _View, now: datetime) -> bool:
-    """Whether more of other lanes' due work waits past the slow lanes: the
-    last read past them was full, and all it brought has been taken (the
-    view holds only due work of the lanes it skipped; work read ahead waits
-    for its time, so the same read is not made again meanwhile)."""
-    return view.past_full and all(_due(d) <= now and lane(d) in view.past_lanes for d in view.docs)
-
-
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
     """Whether a view holds due work the poller may claim now."""
-    return any(_due(d) <= now and (held is None or not held(d)) for d in view.docs)
+    return any(_due(d) <= now and (held is None or not held(d)) for d in view.all_docs())

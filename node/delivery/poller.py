@@ -55,7 +55,7 @@ import structlog
 from node.config import NodeConfig
 from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
-from node.delivery.fairness import by_due, fair_share, next_window
+from node.delivery.fairness import fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
@@ -315,6 +315,7 @@ class BucketPoller:
         started = time.perf_counter()
         waiting = self._holds_back(broker_up, count=False)
         await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
+        await self._read_past(now, monotonic, waiting)
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
@@ -337,12 +338,21 @@ class BucketPoller:
 
         async def one(read: Read) -> None:
             async with gate:
-                docs = await self.store.find_due(
-                    read.bucket, read.until, read.limit, read.after, read.skipping
-                )
+                docs = await self.store.find_due(read.bucket, read.until, read.limit, read.after)
             self.book.learned(read, docs, self.monotonic())
 
         await asyncio.gather(*(one(read) for read in reads))
+
+    async def _read_past(
+        self, now: datetime, monotonic: float, held: Callable[[dict[str, Any]], bool]
+    ) -> None:
+        """What is due behind the slow lanes' backlogs (``past_lanes.py``)."""
+        past = self.book.past_read(now, monotonic, held)
+        if past is not None:
+            docs = await self.store.find_due_past(
+                past.tokens, past.until, past.limit, past.skipping
+            )
+            self.book.learned_past(past, docs, self.monotonic())
 
     async def _choose(
         self, now: datetime, size: int, *, kafka: bool = True
@@ -358,9 +368,7 @@ class BucketPoller:
             # measure what fairness buys): nothing past what the book holds
             # of every bucket, or a later schedule would pass an earlier one
             # still unread behind a full view.
-            frontier = self.book.frontier()
-            pool = [d for d in pool if frontier is None or by_due(d) <= frontier]
-            return self._takeable(pool, kafka)[:size]
+            return self._takeable(self.book.in_order(pool), kafka)[:size]
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []

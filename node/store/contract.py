@@ -288,21 +288,26 @@ class Schedules(Protocol):
     # -- the bucket owner's reads and writes ----------------------------------------
 
     async def find_due(
-        self,
-        bucket: int,
-        until: datetime,
-        limit: int,
-        after: datetime | None = None,
-        skipping: Collection[str | None] = (),
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
     ) -> list[dict[str, Any]]:
         """``bucket``'s PENDING schedules due by ``until`` (``dueAt <=
         until``) and, given ``after``, due after it (``dueAt > after``: what
         a view that holds everything up to ``after`` lacks), earliest first,
         at most ``limit``, without their large payloads
-        (``node/schedule/payload.py``). Given ``skipping``, none of those
-        lanes (``node.schedule.destination.lane``: HTTP hosts, None for
-        Kafka): the due work behind a backlog that is held back. Reads
-        only; the claim decides."""
+        (``node/schedule/payload.py``). Reads only; the claim decides."""
+
+    async def find_due_past(
+        self,
+        buckets: Collection[int],
+        until: datetime,
+        limit: int,
+        skipping: Collection[str | None],
+    ) -> list[dict[str, Any]]:
+        """``buckets``' PENDING schedules due by ``until`` but those of the
+        lanes ``skipping`` (``node.schedule.destination.lane``: HTTP hosts,
+        None for Kafka), earliest first, at most ``limit``, without their
+        large payloads: the due work behind slow lanes' backlogs
+        (``node/delivery/past_lanes.py``). Reads only."""
 
     async def oldest_due_of(
         self, tenants: Sequence[str], until: datetime, buckets: Collection[int], limit: int

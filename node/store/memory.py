@@ -369,14 +369,19 @@ class MemorySchedules(Faults):
 
     @_store_call
     async def find_due(
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        return self._oldest_due(statements.due(bucket, until, after), limit, "due")
+
+    @_store_call
+    async def find_due_past(
         self,
-        bucket: int,
+        buckets: Collection[int],
         until: datetime,
         limit: int,
-        after: datetime | None = None,
-        skipping: Collection[str | None] = (),
+        skipping: Collection[str | None],
     ) -> list[dict[str, Any]]:
-        return self._oldest_due(statements.due(bucket, until, after, skipping), limit, "due")
+        return self._oldest_due(statements.due_past(buckets, until, skipping), limit, "past")
 
     @_store_call
     async def oldest_due_of(

@@ -494,30 +494,17 @@ class ScheduleStore:
 
     @store_call
     async def find_due(
-        self,
-        bucket: int,
-        until: datetime,
-        limit: int,
-        after: datetime | None = None,
-        skipping: Collection[str | None] = (),
+        self, bucket: int, until: datetime, limit: int, after: datetime | None = None
     ) -> list[dict[str, Any]]:
         """``bucket``'s PENDING schedules due by ``until`` (and after
         ``after``), from the earliest, at most ``limit``: one range of the
         ``{bucket, status, dueAt}`` index, so its cost is what it returns,
-        whatever waits in the future or in other buckets.
-
-        Skipping lanes (hosts held back, or Kafka while the broker is down),
-        it reads ``{bucket, status, http.host, dueAt}`` instead: one range per
-        gap between the skipped hosts, each bounded by due time, merged in a
-        sort of at most ``limit``. What it walks is the due work of the lanes
-        not skipped (work the node takes next), never the backlog held back."""
-        skip = {"hint": "bucket_status_host_due"} if skipping and self.hints else {}
+        whatever waits in the future or in other buckets."""
         docs = await (
             self.schedules.find(
-                statements.due(bucket, until, after, skipping),
+                statements.due(bucket, until, after),
                 # A large payload stays behind: the poller fetches it at publish time.
                 WITHOUT_LARGE_PAYLOAD,
-                **skip,
             )
             .sort("dueAt", ASCENDING)
             .limit(limit)
@@ -525,6 +512,37 @@ class ScheduleStore:
             .to_list()
         )
         self.documents_read["due"] += len(docs)
+        return docs
+
+    @store_call
+    async def find_due_past(
+        self,
+        buckets: Collection[int],
+        until: datetime,
+        limit: int,
+        skipping: Collection[str | None],
+    ) -> list[dict[str, Any]]:
+        """``buckets``' PENDING schedules due by ``until`` but those of the
+        lanes ``skipping``, earliest first, at most ``limit``: one statement
+        for all of a node's buckets whose views a slow lane's backlog fills.
+
+        On ``{bucket, status, http.host, dueAt}``: per bucket, one range per
+        gap between the skipped hosts, each bounded by due time, merged in a
+        sort of at most ``limit``. What it walks is the due work of the lanes
+        not skipped (what the node takes next), never the backlogs skipped.
+        (Hinted on a real MongoDB only: ``hints``.)"""
+        docs = await (
+            self.schedules.find(
+                statements.due_past(buckets, until, skipping),
+                WITHOUT_LARGE_PAYLOAD,
+                **self._hint("bucket_status_host_due"),
+            )
+            .sort("dueAt", ASCENDING)
+            .limit(limit)
+            .batch_size(limit)
+            .to_list()
+        )
+        self.documents_read["past"] += len(docs)
         return docs
 
     @store_call

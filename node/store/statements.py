@@ -64,23 +64,28 @@ def fence(operator: str, token: int, *, unfenced: bool = False) -> dict[str, Any
     return {} if unfenced else {"token": {operator: token}}
 
 
-def due(
-    bucket: int,
-    until: datetime,
-    after: datetime | None = None,
-    skipping: Collection[str | None] = (),
-) -> dict[str, Any]:
-    """``bucket``'s PENDING schedules due by ``until`` (and after ``after``),
-    but those of the lanes ``skipping`` (HTTP hosts; None: Kafka schedules,
-    which have no ``http.host``)."""
+def due(bucket: int, until: datetime, after: datetime | None = None) -> dict[str, Any]:
+    """``bucket``'s PENDING schedules due by ``until`` (and after ``after``)."""
     window: dict[str, Any] = {"$lte": until}
     if after is not None:
         window["$gt"] = after
-    query: dict[str, Any] = {"bucket": bucket, "status": Status.PENDING.value}
-    if skipping:
-        # In a fixed order: the same lanes make the same statement.
-        query["http.host"] = {"$nin": sorted(skipping, key=lambda h: (h is not None, h or ""))}
-    return {**query, "dueAt": window}
+    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
+
+
+def due_past(
+    buckets: Iterable[int], until: datetime, skipping: Collection[str | None]
+) -> dict[str, Any]:
+    """``buckets``' PENDING schedules due by ``until``, but those of the
+    lanes ``skipping`` (HTTP hosts; None: Kafka schedules, which have no
+    ``http.host``)."""
+    # In a fixed order: the same lanes make the same statement.
+    lanes = sorted(skipping, key=lambda h: (h is not None, h or ""))
+    return {
+        "bucket": {"$in": sorted(buckets)},
+        "status": Status.PENDING.value,
+        "http.host": {"$nin": lanes},
+        "dueAt": {"$lte": until},
+    }
 
 
 def pending_of(tenant: str, buckets: Iterable[int]) -> dict[str, Any]:
