@@ -27,7 +27,12 @@ NOT_FAULTS = ("start", "resume", "heal", "reconnect", "receiver-up")
 RECEIVER_FAULTS = ("receiver-down", "receiver-503", "receiver-slow", "receiver-400")
 # How long HTTP deliveries may take to catch up after a receiver fault
 # ends: a node's circuit to the receiver, opened by its failures, waits up
-# to 60 s before its next probe (HTTP_BREAKER_COOLDOWN, doubled after each
-# failed probe up to 60 s), then the backlog goes out within the recovery
-# allowance. (A 503's Retry-After is waited on top: the fault's own.)
-RECEIVER_RECOVERY = 60.0 + RECOVERY_ALLOWANCE
+# to 10 s before its next probe (HTTP_BREAKER_COOLDOWN, doubled after each
+# failed probe up to HTTP_BREAKER_COOLDOWN_MAX), then the backlog the fault
+# left drains, oldest first, HTTP_MAX_PER_HOST calls at a time per node
+# (http-outage's 3 minutes at 10 calls a second left some 1,800, which took
+# about 50 s), then the recovery allowance. (A 503's Retry-After is waited
+# on top: the fault's own.)
+RECEIVER_CIRCUIT_WAIT = 10.0
+RECEIVER_DRAIN = 50.0
+RECEIVER_RECOVERY = RECEIVER_CIRCUIT_WAIT + RECEIVER_DRAIN + RECOVERY_ALLOWANCE
