@@ -21,6 +21,7 @@ import random
 import secrets
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -370,10 +371,14 @@ class Run:
 
 def receiver_figures(receipts: ReceiverLog) -> dict[str, Any]:
     """What the receiver answered, for the summary: every answer by status,
-    the units it refused for good, the requests that failed their
-    signatures (which fails a run) and those that named no schedule."""
+    the attempt each request it took (a 2xx) carried (a 503 with
+    Retry-After spends none, so an outage of those leaves them at 1), the
+    units it refused for good, the requests that failed their signatures
+    (which fails a run) and those that named no schedule."""
+    attempts = Counter(d.attempt for d in receipts.deliveries)
     return {
         "receiver_answers": {str(k): v for k, v in sorted(receipts.answers.items())},
+        "receiver_attempts": {str(k): v for k, v in sorted(attempts.items())},
         "receiver_refused": len(receipts.refused),
         "receiver_unnamed": receipts.unnamed,
         "bad_signatures": len(receipts.unsigned),

@@ -67,7 +67,7 @@ def _figures(result: dict[str, Any]) -> list[str]:
     shown = f" ({', '.join(result['late_outside_windows_ids'][:5])} ...)" if late else ""
     return [
         _verb_line(result),
-        *_receiver_lines(result),
+        *receiver_lines(result),
         *_broker_reuse_lines(result),
         *_duplicate_lines(result),
         f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
@@ -143,16 +143,19 @@ def _verb_line(result: dict[str, Any]) -> str:
     )
 
 
-def _receiver_lines(result: dict[str, Any]) -> list[str]:
+def receiver_lines(result: dict[str, Any]) -> list[str]:
     """What the receiver answered (a run with an http share only)."""
     if "receiver_answers" not in result:
         return []
     answers = ", ".join(f"{k} {v}" for k, v in result["receiver_answers"].items()) or "none"
     bad = result["bad_signatures"]
     shown = f" ({', '.join(result['bad_signatures_ids'][:5])} ...)" if bad else ""
+    taken = result.get("receiver_attempts", {})
+    attempts = ", ".join(f"{k}: {v}" for k, v in taken.items()) or "none"
     return [
         f"receiver: {result.get('delivered_http', 0)} units delivered by HTTP; answers by "
-        f"status: {answers}; {result['receiver_refused']} units refused for good; "
+        f"status: {answers}; requests taken by attempt {attempts}; "
+        f"{result['receiver_refused']} units refused for good; "
         f"signatures that did not hold {bad}{shown}; requests naming no schedule "
         f"{result['receiver_unnamed']}"
     ]

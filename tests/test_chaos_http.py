@@ -15,8 +15,10 @@ import pytest
 from chaos.checker import check, passed
 from chaos.checker.model import events
 from chaos.history import HTTP, INFO, KAFKA, Delivery
-from chaos.run import Run
+from chaos.receipts import ReceiverLog
+from chaos.run import Run, receiver_figures
 from chaos.scenario import ScenarioError, Step, parse
+from chaos.summary import receiver_lines
 from tests.chaos_histories import Load, topic
 
 DOWN = "take the receiver down for 30 s"  # at 100: HTTP units excused until 210
@@ -330,3 +332,16 @@ def test_a_receiver_step_in_a_run_without_a_receiver_is_skipped_saying_why(
 ) -> None:
     run = Run(parse("p", {"nodes": 3, "duration": 60, "rate": 10}), tmp_path, seed=1)
     assert "no receiver" in (run.player._cannot(Step(0, "receiver-down", "", 5.0)) or "")
+
+
+def test_the_summary_counts_the_receivers_requests_by_attempt(tmp_path: Path) -> None:
+    """http-busy's figure: 503s with Retry-After spend no attempt, so the
+    requests a receiver took carry attempt 1 unless a real failure spent one."""
+    log = ReceiverLog(tmp_path / "receiver.jsonl")
+    log.deliveries += [http("a", 1, 1, 100.0), http("b", 1, 1, 100.5), http("c", 2, 2, 101.0)]
+    log.answers.update({200: 3, 503: 40})
+    figures = receiver_figures(log)
+    assert figures["receiver_attempts"] == {"1": 2, "2": 1}
+    assert figures["receiver_answers"] == {"200": 3, "503": 40}
+    [line] = receiver_lines({**figures, "delivered_http": 3})
+    assert "requests taken by attempt 1: 2, 2: 1;" in line

@@ -251,3 +251,20 @@ def test_the_slow_lanes_are_hosts_and_what_is_held_back() -> None:
     assert book.next_read(at(2.5), None) == 2.0 + 4 * REFRESH
     book.hint(2, at(3))
     assert book.next_read(at(2.5), None) == 2.0 + REFRESH
+
+
+def test_a_view_with_only_calls_in_hand_is_refreshed_after_its_bound() -> None:
+    """Calls go a host's bound at a time: a view whose due work in hand is
+    calls may keep them a while, so it is refreshed each interval for what
+    lies after its bound (a record due there would otherwise wait for the
+    calls); one with a record in hand is not read until that is taken."""
+    book = DueBook(refresh=REFRESH, budget=100, min_read=16)
+    book.sync({1: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    book.learned(whole, [call(f"a{n}", 1, 0, "a") for n in range(5)], 0.0)
+    assert book.reads(at(0.5), 0.5, REFRESH) == []
+    assert book.next_read(at(0.5), None) == REFRESH
+    [refresh] = book.reads(at(1), 1.0, REFRESH)
+    assert refresh.after == whole.until  # only what lies past the view
+    book.learned(refresh, [doc("k0", 1, 1.5)], 1.0)
+    assert book.reads(at(2), 2.0, REFRESH) == []  # k0 in hand: take it first

@@ -118,6 +118,9 @@ class RecordingReceiver:
         self.hang: dict[str, asyncio.Event] = {}
         self.waiting: dict[str, int] = {}
         self.open_circuits: set[str] = set()  # hosts the sink's breakers keep closed off
+        # Hosts that answer one call per permit (``Semaphore.release``): an
+        # endpoint answering at the pace a test sets.
+        self.paced: dict[str, asyncio.Semaphore] = {}
 
     def circuit_open(self, url: str) -> bool:
         return (urlsplit(url).hostname or "") in self.open_circuits
@@ -132,6 +135,8 @@ class RecordingReceiver:
             self.waiting[host] = self.waiting.get(host, 0) + 1
             await self.hang[host].wait()
             self.waiting[host] -= 1
+        if host in self.paced:
+            await self.paced[host].acquire()
         queued = self.answers.get(host)
         if queued:
             return queued.pop(0)

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from node.delivery.past_lanes import PastLanes, PastRead
-from node.schedule.destination import lane
+from node.schedule.destination import is_http, lane
 from node.schedule.times import aware
 
 Doc = dict[str, Any]
@@ -329,7 +329,7 @@ class DueBook:
         """Where a refresh of ``view`` may start: after its bound, when it
         holds due work held back and everything up to that bound, and was
         read whole lately (None: read it whole)."""
-        holding = held is not None and _holds_due(view, now)
+        holding = _holds_due(view, now) and (held is not None or _calls_due(view, now))
         # A view marked stale (a hint, a failed claim) is read whole.
         if not holding or view.full or view.read_at is None or view.whole_at is None:
             return None
@@ -363,6 +363,16 @@ def _holds_due(view: _View, now: datetime) -> bool:
     return any(_due(d) <= now for d in view.docs)
 
 
+def _calls_due(view: _View, now: datetime) -> bool:
+    return any(_due(d) <= now and is_http(d) for d in view.docs)
+
+
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
-    """Whether a view holds due work the poller may claim now."""
-    return any(_due(d) <= now and (held is None or not held(d)) for d in view.all_docs())
+    """Whether a view holds due work the poller may claim now, and all of
+    it: HTTP calls go a host's bound at a time, so a view whose work in hand
+    is calls may keep some a while, and is refreshed meanwhile as if held
+    back (after its bound, ``_read_after``), or a record due behind them
+    would wait for them."""
+    return any(
+        _due(d) <= now and not is_http(d) and (held is None or not held(d)) for d in view.all_docs()
+    )
