@@ -236,6 +236,8 @@ async def test_due_work_past_the_slow_lanes_is_read_alone(store: StoreKit) -> No
     assert await past(9, None) == [*(f"a{n}" for n in range(5)), "b0"]
     assert await past(9, None, "a.example", "b.example") == []
     assert await schedules.find_due_past([1, 2], NOW, 9, {"a.example"}) == []  # other buckets
+    several = await schedules.find_due_past([2, 0, 1], NOW, 2, {"a.example"})
+    assert [d["_id"] for d in several] == ["k0", "b0"]
 
 
 async def test_each_tenants_oldest_due_work_is_read_for_it(store: StoreKit) -> None:

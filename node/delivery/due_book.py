@@ -196,7 +196,7 @@ class DueBook:
             return False
         if view.read_at is None:
             return True  # read first thing anyway
-        if view.full or _has_calls(view):
+        if view.full:
             self.past.hinted()  # it may be behind a slow lane's backlog
         if view.until is not None and due_at > view.until:
             return False  # after the view's bound: a refresh reads it before it is due
@@ -311,15 +311,12 @@ class DueBook:
     # -- inside ---------------------------------------------------------------------
 
     def _crowded(self) -> dict[int, tuple[int, list[Doc]]]:
-        """bucket -> (token, schedules) of the views a slow lane's backlog
-        may fill (full ones), or whose calls in hand keep them from being
-        refreshed (HTTP calls go a host's bound at a time, so a view may
-        hold some a while, and what falls due after its bound is not read
-        meanwhile): ``PastLanes`` reads past the slow lanes of those."""
+        """bucket -> (token, schedules) of the full views: those a slow
+        lane's backlog may fill."""
         return {
             bucket: (view.token, view.all_docs())
             for bucket, view in sorted(self._views.items())
-            if view.read_at is not None and view.docs and (view.full or _has_calls(view))
+            if view.full and view.read_at is not None and view.docs
         }
 
     def _read_after(
@@ -332,7 +329,7 @@ class DueBook:
         """Where a refresh of ``view`` may start: after its bound, when it
         holds due work held back and everything up to that bound, and was
         read whole lately (None: read it whole)."""
-        holding = held is not None and _holds_due(view, now)
+        holding = _holds_due(view, now) and (held is not None or _calls_due(view, now))
         # A view marked stale (a hint, a failed claim) is read whole.
         if not holding or view.full or view.read_at is None or view.whole_at is None:
             return None
@@ -366,10 +363,16 @@ def _holds_due(view: _View, now: datetime) -> bool:
     return any(_due(d) <= now for d in view.docs)
 
 
-def _has_calls(view: _View) -> bool:
-    return any(is_http(d) for d in view.docs)
+def _calls_due(view: _View, now: datetime) -> bool:
+    return any(_due(d) <= now and is_http(d) for d in view.docs)
 
 
 def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
-    """Whether a view holds due work the poller may claim now."""
-    return any(_due(d) <= now and (held is None or not held(d)) for d in view.all_docs())
+    """Whether a view holds due work the poller may claim now, and all of
+    it: HTTP calls go a host's bound at a time, so a view whose work in hand
+    is calls may keep some a while, and is refreshed meanwhile as if held
+    back (after its bound, ``_read_after``), or a record due behind them
+    would wait for them."""
+    return any(
+        _due(d) <= now and not is_http(d) and (held is None or not held(d)) for d in view.all_docs()
+    )

@@ -530,20 +530,42 @@ class ScheduleStore:
         gap between the skipped hosts, each bounded by due time, merged in a
         sort of at most ``limit``. What it walks is the due work of the lanes
         not skipped (what the node takes next), never the backlogs skipped.
-        (Hinted on a real MongoDB only: ``hints``.)"""
-        docs = await (
+        (Hinted on a real MongoDB only: ``hints``.)
+
+        The embedded SecantusDB gets one statement per bucket instead: it
+        bounds ``bucket: {$in}`` beside two more operators by nothing, and
+        took 600 ms for 85 buckets of a 20,000-schedule collection that it
+        answers in 3 ms a bucket."""
+        if self.sliced:
+            return await self._due_past_by_bucket(buckets, until, limit, skipping)
+        docs = await self._due_past(statements.due_past(buckets, until, skipping), limit)
+        self.documents_read["past"] += len(docs)
+        return docs
+
+    async def _due_past_by_bucket(
+        self,
+        buckets: Collection[int],
+        until: datetime,
+        limit: int,
+        skipping: Collection[str | None],
+    ) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for bucket in sorted(buckets):
+            found += await self._due_past(statements.due_past([bucket], until, skipping), limit)
+        docs = sorted(found, key=lambda d: aware(d["dueAt"]))[:limit]
+        self.documents_read["past"] += len(found)
+        return docs
+
+    async def _due_past(self, query: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+        return await (
             self.schedules.find(
-                statements.due_past(buckets, until, skipping),
-                WITHOUT_LARGE_PAYLOAD,
-                **self._hint("bucket_status_host_due"),
+                query, WITHOUT_LARGE_PAYLOAD, **self._hint("bucket_status_host_due")
             )
             .sort("dueAt", ASCENDING)
             .limit(limit)
             .batch_size(limit)
             .to_list()
         )
-        self.documents_read["past"] += len(docs)
-        return docs
 
     @store_call
     async def oldest_due_of(
