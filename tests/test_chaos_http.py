@@ -134,10 +134,11 @@ def test_a_receiver_fault_excuses_the_lateness_of_http_units_only() -> None:
 
 def test_a_503_window_stretches_by_its_retry_after() -> None:
     def late_by(retry_after: int) -> int:
-        # Due at 193, 17 s late: its window runs to 100 + 10 + retry_after + 80.
-        load = Load().create("h", 193.0, sink=HTTP)
+        # Due at 149, 17 s late: its window runs to 100 + 10 + retry_after +
+        # the circuits' 10 + 0.6 x 10 for the backlog + 20.
+        load = Load().create("h", 149.0, sink=HTTP)
         load.fault("receiver-503", 100.0, 10.0, "receiver answers 503", retry_after=retry_after)
-        result = check(load.history, topic(http("h", 1, 1, 210.0)))
+        result = check(load.history, topic(http("h", 1, 1, 166.0)))
         return int(result["late_outside_windows"])
 
     assert (late_by(5), late_by(0)) == (0, 1)

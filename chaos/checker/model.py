@@ -26,8 +26,8 @@ from chaos.faults.kinds import (
     CLUSTER_FAULTS,
     NOT_FAULTS,
     RECEIVER_FAULTS,
-    RECEIVER_RECOVERY,
     RECOVERY_ALLOWANCE,
+    receiver_recovery,
 )
 from chaos.history import HTTP, KAFKA, Call, History, occurrence
 
@@ -322,8 +322,9 @@ def faults(history: History) -> Faults:
         if event["do"] in RECEIVER_FAULTS:
             receiver.append(window)
             # Nobody can deliver by HTTP while it lasts; a 503's last
-            # answer asked for Retry-After more; then the circuits' cooldown.
-            waited = lasting + float(event.get("retry_after", 0)) + RECEIVER_RECOVERY
+            # answer asked for Retry-After more; then the circuits' cooldown
+            # and the backlog's drain.
+            waited = lasting + float(event.get("retry_after", 0)) + receiver_recovery(lasting)
             receiver_intended.append(Window(label, at - LATE_OUTSIDE_WINDOWS, at + waited))
             continue
         # What the fault is meant to cost: while it lasts when nobody can do

@@ -29,10 +29,16 @@ RECEIVER_FAULTS = ("receiver-down", "receiver-503", "receiver-slow", "receiver-4
 # ends: a node's circuit to the receiver, opened by its failures, waits up
 # to 10 s before its next probe (HTTP_BREAKER_COOLDOWN, doubled after each
 # failed probe up to HTTP_BREAKER_COOLDOWN_MAX), then the backlog the fault
-# left drains, oldest first, HTTP_MAX_PER_HOST calls at a time per node
+# left drains, oldest first, HTTP_MAX_PER_HOST calls at a time per node,
+# beside the load that keeps coming: a share of the fault's own length
 # (http-outage's 3 minutes at 10 calls a second left some 1,800, which took
-# about 50 s), then the recovery allowance. (A 503's Retry-After is waited
-# on top: the fault's own.)
+# 50 to 100 s on this 2-core machine running the whole cluster), then the
+# recovery allowance. (A 503's Retry-After is waited on top: the fault's own.)
 RECEIVER_CIRCUIT_WAIT = 10.0
-RECEIVER_DRAIN = 50.0
-RECEIVER_RECOVERY = RECEIVER_CIRCUIT_WAIT + RECEIVER_DRAIN + RECOVERY_ALLOWANCE
+RECEIVER_DRAIN_SHARE = 0.6
+
+
+def receiver_recovery(lasting: float) -> float:
+    """After a receiver fault of ``lasting`` seconds, how long its HTTP
+    deliveries may take to be on time again."""
+    return RECEIVER_CIRCUIT_WAIT + RECEIVER_DRAIN_SHARE * lasting + RECOVERY_ALLOWANCE

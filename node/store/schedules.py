@@ -78,6 +78,10 @@ FULL_PAGE_BATCH = 16
 # Buckets read at once by a sliced read (embedded store only: ``sliced``).
 SLICES = 8
 
+# The embedded store's reads past the slow lanes, one bucket each: this many
+# at once, as the poller's own reads of its buckets (CONCURRENT_READS).
+PAST_READS_AT_ONCE = 8
+
 
 __all__ = ["MAX_TENANTS_PER_ROUND", "ScheduleStore"]
 
@@ -549,9 +553,14 @@ class ScheduleStore:
         limit: int,
         skipping: Collection[str | None],
     ) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        for bucket in sorted(buckets):
-            found += await self._due_past(statements.due_past([bucket], until, skipping), limit)
+        gate = asyncio.Semaphore(PAST_READS_AT_ONCE)
+
+        async def one(bucket: int) -> list[dict[str, Any]]:
+            async with gate:
+                return await self._due_past(statements.due_past([bucket], until, skipping), limit)
+
+        parts = await asyncio.gather(*(one(bucket) for bucket in sorted(buckets)))
+        found = [doc for part in parts for doc in part]
         docs = sorted(found, key=lambda d: aware(d["dueAt"]))[:limit]
         self.documents_read["past"] += len(found)
         return docs
