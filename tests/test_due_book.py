@@ -268,3 +268,20 @@ def test_a_view_with_only_calls_in_hand_is_refreshed_after_its_bound() -> None:
     assert refresh.after == whole.until  # only what lies past the view
     book.learned(refresh, [doc("k0", 1, 1.5)], 1.0)
     assert book.reads(at(2), 2.0, REFRESH) == []  # k0 in hand: take it first
+
+
+def test_a_full_read_past_the_slow_lanes_does_not_back_off() -> None:
+    """A read past the slow lanes that returned its limit holds only the
+    earliest of what lies ahead: the next comes a poll interval later even
+    when it finds nothing new (all read ahead before), or what lies past
+    the limit would fall due unread, up to ten intervals late."""
+    book = DueBook(refresh=REFRESH, budget=2, min_read=2)
+    book.sync({1: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    book.learned(whole, [call(f"a{n}", 1, -1, "a") for n in range(2)], 0.0)
+    ahead = [doc(f"k{n}", 1, 5 + n) for n in range(2)]  # the read's limit: 2
+    for second in range(4):
+        past = book.past_read(at(second), float(second))
+        assert past is not None, second
+        book.learned_past(past, ahead, float(second))  # the same two each time
+        assert book.next_read(at(second + 0.5), None) == second + REFRESH

@@ -93,10 +93,14 @@ class PastLanes:
         self, read: PastRead, docs: Sequence[Doc], found_new: bool, monotonic: float
     ) -> None:
         """A read came back with ``docs``, some new to the views
-        (``found_new``): look less often while they find nothing."""
+        (``found_new``): look less often while they find nothing. A full
+        read did not reach its own bound, so the next must come before what
+        lies past it falls due: no backing off then, though it found only
+        what an earlier read had (read ahead, and not yet due)."""
         every = self._every or self.refresh
-        self._every = self.refresh if found_new else min(2 * every, self.longest)
-        self._at, self._full = monotonic, len(docs) >= read.limit
+        full = len(docs) >= read.limit
+        self._every = self.refresh if found_new or full else min(2 * every, self.longest)
+        self._at, self._full = monotonic, full
         self.skipped, self.covered = read.skipping, frozenset(read.tokens)
         self.bound = _due(docs[-1]) if self._full else read.until
 
