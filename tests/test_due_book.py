@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from node.delivery.due_book import WHOLE_READ_EVERY, DueBook, Read
+from node.schedule.destination import lane
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 REFRESH = 1.0
@@ -219,38 +220,130 @@ def test_views_full_of_a_slow_lane_are_read_past_it_in_one_read() -> None:
     # it holds every record and other host's call due up to its bound.
     assert book.in_order([*behind, call("a9", 1, 9, "a")]) == behind
     book.taken(behind)
-    assert book.next_read(at(10.5), None) == 10.0 + REFRESH
-    again = book.past_read(at(11), 11.0)
+    # What it found no earlier read should have: the next read doubles.
+    assert book.next_read(at(10.5), None) == 10.0 + 2 * REFRESH
+    again = book.past_read(at(12), 12.0)
     assert again is not None
-    book.learned_past(again, [], 11.0)
-    assert book.next_read(at(11.5), None) == 11.0 + 2 * REFRESH  # found nothing: doubled
-    third = book.past_read(at(13), 13.0)
+    book.learned_past(again, [], 12.0)
+    assert book.next_read(at(12.5), None) == 12.0 + 4 * REFRESH  # found nothing: doubled
+    # A schedule the last read should have found (due by its bound in a
+    # bucket it covered: a hint lost): reads go a refresh apart again.
+    third = book.past_read(at(16), 16.0)
     assert third is not None
-    more = [doc(f"k{n}", 1, 13) for n in range(1, 4)]
-    book.learned_past(third, more, 13.0)  # full: its limit
-    assert book.past_read(at(13), 13.0) is None  # what it brought is in hand
+    book.learned_past(third, [doc("late", 1, 15)], 16.0)
+    assert book.next_read(at(16), None) == 16.0 + REFRESH
+    book.taken([doc("late", 1, 15)])
+    fourth = book.past_read(at(17), 17.0)
+    assert fourth is not None
+    more = [doc(f"k{n}", 1, 17) for n in range(1, 4)]
+    book.learned_past(fourth, more, 17.0)  # full: its limit
+    assert book.past_read(at(17), 17.0) is None  # what it brought is in hand
     book.taken(more)
-    assert book.next_read(at(13), None) == float("-inf")  # more may wait behind
+    assert book.next_read(at(17), None) == float("-inf")  # more may wait behind
 
 
-def test_the_slow_lanes_are_hosts_and_what_is_held_back() -> None:
-    """Kafka is skipped only while held back (the broker down); a hint into a
-    full view brings the next read past its lanes to the next interval."""
+def test_a_read_past_the_slow_lanes_is_one_at_a_time_and_drops_what_was_taken_meanwhile() -> None:
+    """The poller makes the read beside its rounds: none other until its
+    answer is in, and what the rounds took meanwhile (it may come back in
+    that answer) is not put back behind the view. A failed read is made
+    again a refresh later."""
+    book = DueBook(refresh=REFRESH, budget=2, min_read=2)
+    book.sync({1: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    book.learned(whole, [call("a0", 1, -1, "a"), call("a1", 1, -1, "a")], 0.0)
+    past = book.past_read(at(0), 0.0)
+    assert past is not None
+    assert book.past_read(at(5), 5.0) is None and book.next_read(at(5), None) is None
+    book.accepted(doc("k0", 1, 2))  # stored meanwhile: the read may see it
+    book.learned_past(past, [doc("k0", 1, 2), doc("k1", 1, 3)], 0.5)
+    assert [d["_id"] for d in book.due(at(3))] == ["a0", "a1", "k0", "k1"]
+    again = book.past_read(at(2.5), 2.5)
+    assert again is not None
+    book.taken([doc("k0", 1, 2)])  # claimed by a round while the read is out
+    book.learned_past(again, [doc("k0", 1, 2), doc("k1", 1, 3)], 3.0)
+    assert [d["_id"] for d in book.due(at(3))] == ["a0", "a1", "k1"]
+    failing = book.past_read(at(5), 5.0)
+    assert failing is not None
+    book.past_failed(5.5)
+    assert book.past_read(at(5.5), 5.5) is None
+    assert book.past_read(at(6.5), 6.5) is not None
+
+
+def test_a_schedule_stored_behind_a_slow_lane_joins_what_the_read_past_it_found() -> None:
+    """This node stores a schedule in a bucket whose view a slow lane fills:
+    due by the last read past the lanes' bound, of a lane it did not skip,
+    it goes behind the view with no read; past that bound it waits for the
+    next read (which reads ahead that far); in a lane skipped it is with
+    the backlog; before the view's last it joins the view itself."""
+    book = DueBook(refresh=REFRESH, budget=2, min_read=2)
+    book.sync({1: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    book.learned(whole, [call("a0", 1, -2, "a"), call("a1", 1, -1, "a")], 0.0)
+    past = book.past_read(at(0), 0.0)
+    assert past is not None
+    book.learned_past(past, [], 0.0)
+    assert book.next_read(at(0), None) == 2 * REFRESH
+    book.accepted(doc("k0", 1, 1))
+    book.accepted(call("b0", 1, 2, "b"))
+    book.accepted(call("a2", 1, 2, "a"))  # a's lane: behind a's backlog
+    book.accepted(call("a3", 1, -1.5, "a"))  # before the view's last
+    book.accepted(doc("far", 1, 60))  # past the read's bound
+    assert [d["_id"] for d in book.due(at(2))] == ["a0", "a3", "a1", "k0", "b0"]
+    assert book.next_read(at(0), None) == 2 * REFRESH  # none of them asks for a read
+    book.accepted(doc("k1", 2, 1))  # a bucket not held: nothing
+    assert book.next_read(at(0), None) == 2 * REFRESH
+
+
+def test_a_lane_is_slow_while_stalled_or_its_calls_crowd_a_full_view() -> None:
+    """Slow lanes are a node's, not a view's: a host with its circuit open,
+    Kafka while the broker is down, a host whose due calls make up more than
+    half of a full view (hung, or draining a backlog a bound at a time). A
+    host with a few calls due here and there is not skipped, however many
+    views hold some: its later calls behind a full view may be due before
+    anything of it in hand (a fast host hidden behind a hung one's backlog
+    in every bucket). A hint into a full view, or a lane no longer slow,
+    brings the next read past the slow lanes to the next interval."""
     book = DueBook(refresh=REFRESH, budget=4, min_read=4)
     book.sync({2: 1})
     [whole] = book.reads(at(0), 0.0, REFRESH)
-    front = [doc("k0", 2, -3), call("b0", 2, -2, "b"), doc("k1", 2, -1), call("b1", 2, 0, "b")]
-    book.learned(whole, front, 0.0)
+    b0 = call("b0", 2, -0.5, "b")
+    book.learned(whole, [doc("k0", 2, -0.5), doc("k1", 2, -0.4), b0, call("a0", 2, 0.5, "a")], 0.0)
+    assert book.past_read(at(0), 0.0) is None  # nothing crowds it: the view goes as it is
     kafka_down = lambda d: "http" not in d  # noqa: E731
     past = book.past_read(at(0), 0.0, kafka_down)
-    assert past is not None and past.skipping == frozenset({None, "b"})
-    past = book.past_read(at(0), 0.0)
-    assert past is not None and past.skipping == frozenset({"b"})
-    book.learned_past(past, [], 0.0)
+    assert past is not None and past.skipping == frozenset({None})
+    book.past_failed(0.0)  # the next a refresh later
+    book.taken([b0])  # b's call went
+    a_open = lambda d: lane(d) == "a"  # noqa: E731  (a's circuit open)
+    past = book.past_read(at(1), 1.0, a_open)
+    assert past is not None and past.skipping == frozenset({"a"})
+    book.learned_past(past, [], 1.0)
     book.learned_past(past, [], 2.0)
-    assert book.next_read(at(2.5), None) == 2.0 + 4 * REFRESH
+    assert book.next_read(at(2.5), None, a_open) == 2.0 + 4 * REFRESH
     book.hint(2, at(3))
-    assert book.next_read(at(2.5), None) == 2.0 + REFRESH
+    assert book.next_read(at(2.5), None, a_open) == 2.0 + REFRESH
+    # Host a hung, three of bucket 2's four; b fast, one call in each full
+    # view: only a is skipped, and only bucket 2 holds it.
+    other = DueBook(refresh=REFRESH, budget=8, min_read=4)
+    other.sync({1: 1, 2: 1})
+    first, second = other.reads(at(0), 0.0, REFRESH)
+    other.learned(
+        first, [call("b0", 1, -0.5, "b"), *(doc(f"k{n}", 1, -0.4) for n in range(3))], 0.0
+    )
+    other.learned(second, [*(call(f"a{n}", 2, n - 3, "a") for n in range(3)), b0], 0.0)
+    past = other.past_read(at(0), 0.0)
+    assert past is not None and past.skipping == frozenset({"a"}) and past.tokens == {2: 1}
+    other.learned_past(past, [], 0.0)
+    # b's circuit opens: skipped too, and bucket 1 is crowded now (read a
+    # refresh after the last, not the two intervals it had backed off to).
+    b_open = lambda d: lane(d) == "b"  # noqa: E731
+    late = other.past_read(at(1), 1.0, b_open)
+    assert late is not None and late.skipping == frozenset({"a", "b"})
+    assert late.tokens == {1: 1, 2: 1}
+    other.learned_past(late, [], 1.0)
+    assert other.past_read(at(3), 3.0, b_open) is None  # found nothing: the next at 5
+    again = other.past_read(at(3), 3.0)  # b's circuit closed: its lane is read again
+    assert again is not None and again.skipping == frozenset({"a"})
 
 
 def test_a_view_with_only_calls_in_hand_is_refreshed_after_its_bound() -> None:
@@ -270,18 +363,45 @@ def test_a_view_with_only_calls_in_hand_is_refreshed_after_its_bound() -> None:
     assert book.reads(at(2), 2.0, REFRESH) == []  # k0 in hand: take it first
 
 
-def test_a_full_read_past_the_slow_lanes_does_not_back_off() -> None:
+def test_a_full_read_past_the_slow_lanes_backs_off_no_later_than_its_last_schedule() -> None:
     """A read past the slow lanes that returned its limit holds only the
-    earliest of what lies ahead: the next comes a poll interval later even
-    when it finds nothing new (all read ahead before), or what lies past
-    the limit would fall due unread, up to ten intervals late."""
+    earliest of what lies ahead: reads finding nothing new back off, but
+    the next always comes a refresh before the full read's last schedule
+    falls due, or what lies past its limit would fall due unread."""
     book = DueBook(refresh=REFRESH, budget=2, min_read=2)
     book.sync({1: 1})
     [whole] = book.reads(at(0), 0.0, REFRESH)
     book.learned(whole, [call(f"a{n}", 1, -1, "a") for n in range(2)], 0.0)
     ahead = [doc(f"k{n}", 1, 5 + n) for n in range(2)]  # the read's limit: 2
-    for second in range(4):
-        past = book.past_read(at(second), float(second))
+    second, reads = 0.0, []
+    while second < 6:
+        past = book.past_read(at(second), second)
         assert past is not None, second
-        book.learned_past(past, ahead, float(second))  # the same two each time
-        assert book.next_read(at(second + 0.5), None) == second + REFRESH
+        book.learned_past(past, ahead, second)  # the same two each time
+        reads.append(second)
+        next_read = book.next_read(at(second), None)
+        assert next_read is not None
+        second = next_read
+    assert reads == [0.0, 2.0, 5.0]
+
+
+def test_taken_plainly_oldest_first_a_round_waits_on_nothing_it_would_not_take() -> None:
+    """Plain oldest first: a schedule found behind a full view, once the
+    lane in front is no longer slow, waits for what the view has not read
+    before it; the next due time a round sleeps to is not its (a round
+    woken for it would take nothing, and wake again at once)."""
+    book = DueBook(refresh=REFRESH, budget=4, min_read=4)
+    book.sync({1: 1})
+    [whole] = book.reads(at(0), 0.0, REFRESH)
+    front = [*(call(f"a{n}", 1, n - 3, "a") for n in range(3)), call("b0", 1, -0.5, "b")]
+    book.learned(whole, front, 0.0)
+    past = book.past_read(at(0), 0.0)
+    assert past is not None and past.skipping == frozenset({"a"})
+    book.learned_past(past, [doc("k0", 1, 5)], 0.0)
+    assert book.next_due(ordered=True) == at(-3)
+    book.taken(front[:2])  # a has one of two: no longer slow
+    assert book.past_read(at(1), 1.0) is None
+    assert book.in_order(book.due(at(5))) == front[2:]
+    calls = lambda d: "http" in d  # noqa: E731  (every call held back)
+    assert book.next_due(calls, ordered=True) is None
+    assert book.next_due(calls) == at(5)

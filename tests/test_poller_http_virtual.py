@@ -320,6 +320,72 @@ async def test_a_full_view_held_back_hides_no_other_host_or_topic(
     assert schedules.documents_read["due"] < 60 + 2 * 60, schedules.documents_read
 
 
+async def test_a_fast_hosts_calls_behind_a_hung_hosts_backlog_are_found_all_along(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a hangs with its bound taken and a backlog filling the view; host
+    b answers at once, a call due each second for 40 s behind a's backlog.
+    Each of b's calls is due in the view (read ahead) in the round that takes
+    it: b is not a slow lane for that (it goes at once), so later reads past
+    a still look for b's calls, and every one goes within a poll interval of
+    its time, well past the first read's look-ahead (once b was skipped
+    whenever one of its calls was due in the view: those past the first
+    read's reach waited ten intervals and more)."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(60):
+        await add(schedules, time, f"a{n:02}", 0)
+    for n in range(40):
+        await add(schedules, time, f"b{n:02}", 1 + n, url=B)
+    late: dict[str, float] = {}
+    for tick in range(90):
+        await a.run(0.5)
+        for got in a.receiver.ids():
+            if got.startswith("b"):
+                late.setdefault(got, (tick + 1) * 0.5 - (1 + int(got[1:])))
+    assert sorted(late) == [f"b{n:02}" for n in range(40)]
+    assert max(late.values()) <= 1.0, late
+    assert a.receiver.waiting["a.example"] == 2
+
+
+async def test_a_read_past_the_slow_lanes_that_hangs_holds_up_no_round(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a hangs with a backlog filling the view; the first read past its
+    lane finds b's calls due over the next seconds, and every later read
+    hangs (a store slow for that statement). The rounds do not wait on it:
+    b's calls go at their times, and one read is out at a time."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    read_past = schedules.find_due_past
+    stuck = asyncio.Event()
+    reads: list[int] = []
+
+    async def slow_after_the_first(*args: Any) -> list[dict[str, Any]]:
+        reads.append(len(reads))
+        if len(reads) > 1:
+            await stuck.wait()
+        return await read_past(*args)
+
+    schedules.find_due_past = slow_after_the_first  # type: ignore[method-assign]
+    for n in range(60):
+        await add(schedules, time, f"a{n:02}", 0)
+    for n in range(8):
+        await add(schedules, time, f"b{n}", 3 + n, url=B)
+    late: dict[str, float] = {}
+    for tick in range(24):
+        # A hang guard (real seconds): a round waiting on the read never ends.
+        await asyncio.wait_for(a.run(0.5), timeout=10)
+        for got in a.receiver.ids():
+            if got.startswith("b"):
+                late.setdefault(got, (tick + 1) * 0.5 - (3 + int(got[1:])))
+    assert sorted(late) == [f"b{n}" for n in range(8)]
+    assert max(late.values()) <= 0.5, late
+    assert len(reads) == 2  # the second is still out: no third beside it
+    stuck.set()
+    await a.run(1)
+
+
 async def test_the_broker_down_with_a_full_view_of_records_hides_no_call(
     time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
 ) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from node.delivery.past_lanes import PastLanes, PastRead
+from node.delivery.past_lanes import Lane, PastLanes, PastRead, slow_lanes
 from node.schedule.destination import is_http, lane
 from node.schedule.times import aware
 
@@ -93,6 +93,9 @@ class DueBook:
         self.min_read = min_read
         self._views: dict[int, _View] = {}
         self.past = PastLanes(refresh, WHOLE_READ_EVERY * refresh, limit=max(min_read, budget // 4))
+        # What was taken while a read past the slow lanes was out: it may
+        # come back in that read's answer, and is not to be taken again.
+        self._taken_meanwhile: set[str] = set()
 
     # -- what the node holds ------------------------------------------------------
 
@@ -160,24 +163,39 @@ class DueBook:
         view.full = len(docs) >= read.limit
 
     def past_read(
-        self, now: datetime, monotonic: float, held: Callable[[Doc], bool] | None = None
+        self, now: datetime, monotonic: float, stalled: Callable[[Doc], bool] | None = None
     ) -> PastRead | None:
-        """The read past the slow lanes this round must make, if any."""
-        return self.past.read(self._crowded(), now, monotonic, held)
+        """The read past the slow lanes to make now, if any; its answer must
+        come back (``learned_past``, ``past_failed``) before the next.
+        ``stalled``: due work that goes nowhere for now (``slow_lanes``)."""
+        if self.past.pending:
+            return None  # its answer first (and the lanes are not worked out for nothing)
+        read = self.past.read(self._crowded(), self._slow(now, stalled), now, monotonic)
+        if read is not None:
+            self._taken_meanwhile = set()
+        return read
 
     def learned_past(self, read: PastRead, docs: Sequence[Doc], monotonic: float) -> None:
         """A read past the slow lanes came back: each schedule joins what
-        its view has behind (of the views still held under that token)."""
-        found_new = False
+        its view has behind (of the views still held under that token, and
+        not taken while the read was out)."""
+        missed = False
         for doc in docs:
             view = self._views.get(int(doc["bucket"]))
             if view is None or view.token != read.tokens.get(int(doc["bucket"])):
                 continue
+            if doc["_id"] in self._taken_meanwhile:
+                continue
             if all(d["_id"] != doc["_id"] for d in view.all_docs()):
                 view.behind.append(doc)
                 view.behind.sort(key=_due)
-                found_new = True
-        self.past.learned(read, docs, found_new, monotonic)
+                missed = missed or self.past.covers(doc)
+        self._taken_meanwhile = set()
+        self.past.learned(read, docs, missed, monotonic)
+
+    def past_failed(self, monotonic: float) -> None:
+        self._taken_meanwhile = set()
+        self.past.failed(monotonic)
 
     def stale(self, buckets: Iterable[int]) -> None:
         """Read these again before anything else."""
@@ -209,11 +227,22 @@ class DueBook:
         view = self._views.get(int(doc["bucket"]))
         if view is None:
             return False
+        if any(d["_id"] == doc["_id"] for d in view.all_docs()):
+            return True  # a read returned it already (it landed before the read)
         covered = view.read_at is not None and view.until is not None and _due(doc) <= view.until
-        # A read may have returned it already (it landed before the read).
-        if covered and all(d["_id"] != doc["_id"] for d in view.all_docs()):
+        # A full view holds its bucket's earliest schedules: the new one joins
+        # them only where it does not pass a schedule left unread.
+        if covered and (not view.full or (view.docs and _due(doc) <= _due(view.docs[-1]))):
             view.docs.append(doc)
             view.docs.sort(key=_due)
+        elif view.full and self.past.covers(doc):
+            # Behind a slow lane's backlog, where the last read past it would
+            # have found it: with what that read found, no read needed. (Due
+            # after its bound, the next read finds it in time: each reads
+            # ahead as far as the next; of a lane skipped, it waits with
+            # that lane's backlog.)
+            view.behind.append(doc)
+            view.behind.sort(key=_due)
         return True
 
     # -- the round ------------------------------------------------------------------
@@ -230,6 +259,8 @@ class DueBook:
         for doc in docs:
             by_bucket.setdefault(int(doc["bucket"]), set()).add(str(doc["_id"]))
         for bucket, ids in by_bucket.items():
+            if self.past.pending:
+                self._taken_meanwhile |= ids
             view = self._views.get(bucket)
             if view is not None:
                 view.docs = [d for d in view.docs if str(d["_id"]) not in ids]
@@ -275,34 +306,46 @@ class DueBook:
 
         return [doc for doc in pool if known(doc)]
 
-    def next_due(self, held: Callable[[Doc], bool] | None = None) -> datetime | None:
+    def next_due(
+        self, held: Callable[[Doc], bool] | None = None, *, ordered: bool = False
+    ) -> datetime | None:
         """The earliest cached due time (of what is not ``held`` back: due
-        work the poller may not claim yet, which an event wakes it for)."""
-        return min(
-            (
-                _due(d)
-                for view in self._views.values()
-                for d in view.all_docs()
-                if held is None or not held(d)
-            ),
-            default=None,
-        )
+        work the poller may not claim yet, which an event wakes it for; with
+        ``ordered``, of what ``in_order`` lets go: a round taken plainly
+        oldest first waits on nothing it would not take)."""
+        docs = [
+            d
+            for view in self._views.values()
+            for d in view.all_docs()
+            if held is None or not held(d)
+        ]
+        return min((_due(d) for d in (self.in_order(docs) if ordered else docs)), default=None)
 
     def next_read(
-        self, now: datetime | None = None, held: Callable[[Doc], bool] | None = None
+        self,
+        now: datetime | None = None,
+        held: Callable[[Doc], bool] | None = None,
+        stalled: Callable[[Doc], bool] | None = None,
     ) -> float | None:
         """The monotonic time the next refresh of an idle bucket falls due
-        (a missing view: now, that is the earliest time there is). Given
+        (a missing view, or a full one all taken: now, that is the earliest
+        time there is), or the next read past the slow lanes. Given
         ``now``, a view with due work in hand (not ``held``) is not idle: it
         is read again once that work is taken."""
         times = [
-            float("-inf") if view.read_at is None else view.read_at + self.refresh
+            float("-inf")
+            if view.read_at is None or (view.full and not view.docs)
+            else view.read_at + self.refresh
             for view in self._views.values()
             if now is None
             or view.read_at is None
             or not (_in_hand(view, now, held) or (view.full and _holds_due(view, now)))
         ]
-        past = None if now is None else self.past.next_at(self._crowded(), now, held)
+        past = (
+            None
+            if now is None or self.past.pending
+            else self.past.next_at(self._crowded(), self._slow(now, stalled), now)
+        )
         return min([*times, *([] if past is None else [past])], default=None)
 
     def held(self) -> dict[int, int]:
@@ -318,6 +361,11 @@ class DueBook:
             for bucket, view in sorted(self._views.items())
             if view.full and view.read_at is not None and view.docs
         }
+
+    def _slow(self, now: datetime, stalled: Callable[[Doc], bool] | None) -> frozenset[Lane]:
+        full = [view.docs for view in self._views.values() if view.full and view.docs]
+        due_work = [d for view in self._views.values() for d in view.all_docs()]
+        return slow_lanes(full, due_work, now, stalled)
 
     def _read_after(
         self,

@@ -16,7 +16,9 @@ Each round:
    what a failed round left (completions to write, claims to put back);
    make due again what an older owner left in flight in buckets just
    gained, and in every held bucket once a while;
-2. read the buckets the book asks for (due now or within a poll interval);
+2. read the buckets the book asks for (due now or within a poll interval),
+   and start the read past the slow lanes when the book wants one (it runs
+   beside the rounds: ``past_lanes.py``);
 3. choose the batch from the due work in the book, shared fairly among
    tenants (when a view is full, tenants absent from it are asked for their
    own earliest due work), leaving unclaimed what must wait (a Kafka record
@@ -59,6 +61,7 @@ from node.delivery.fairness import fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
+from node.delivery.past_lanes import PastRead
 from node.delivery.sink import Failed, Sink, Trouble
 from node.delivery.sinks.http import HttpSink
 from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
@@ -173,6 +176,9 @@ class BucketPoller:
         # Whether the last batch left due work unclaimed (a host at its
         # bound, the broker down): the round then sleeps until woken.
         self._held_back = False
+        # Whether the last batch left due work in hand it could have taken
+        # (past the claim window): the next round comes at once.
+        self._more_in_hand = False
         self.history = history
         # The tenants whose due work a backlog could hide (None: no fairness,
         # plain oldest first, kept to measure what fairness buys).
@@ -199,6 +205,8 @@ class BucketPoller:
         # (monotonic), and then only after a probe answers.
         self._broker_retry_at: float | None = None
         self._broker_backoff = 0.0
+        # The read past the slow lanes, while one is out (``_start_past_read``).
+        self._past_task: asyncio.Task[None] | None = None
 
     # -- signals from the rest of the node ---------------------------------------
 
@@ -268,6 +276,8 @@ class BucketPoller:
                 delay -= linger
             if delay > 0 and not self._stopping:
                 await self._sleep(delay)
+        if self._past_task is not None:
+            self._past_task.cancel()
         await self._finish_calls(CALLS_GRACE)
 
     async def _sleep(self, delay: float) -> None:
@@ -315,14 +325,20 @@ class BucketPoller:
         started = time.perf_counter()
         waiting = self._holds_back(broker_up, count=False)
         await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
-        await self._read_past(now, monotonic, waiting)
+        self._start_past_read(now, monotonic, self._stalls(broker_up))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
         if batch:
             self.book.taken(batch)
             await self._deliver(batch, tokens)
-            return 0.0
+            if self._more_in_hand:
+                return 0.0
+            # All it could take, the rest held back (a host at its bound): no
+            # round at once to find nothing, but the next due time or read,
+            # or an answer, whichever comes first (the round's own lateness
+            # when a host's calls go a bound at a time).
+            now, monotonic = self.wall(), self.monotonic()
         idle = self._idle_for(now, monotonic, kafka=broker_up)
         return idle if broker_up else min(idle, self._broker_wait())
 
@@ -343,16 +359,36 @@ class BucketPoller:
 
         await asyncio.gather(*(one(read) for read in reads))
 
-    async def _read_past(
-        self, now: datetime, monotonic: float, held: Callable[[dict[str, Any]], bool]
+    def _start_past_read(
+        self, now: datetime, monotonic: float, stalled: Callable[[dict[str, Any]], bool]
     ) -> None:
-        """What is due behind the slow lanes' backlogs (``past_lanes.py``)."""
-        past = self.book.past_read(now, monotonic, held)
+        """Look for what is due behind the slow lanes' backlogs
+        (``past_lanes.py``), beside the rounds: it reads every crowded
+        bucket, and a round waiting on it would hold back the work already
+        in hand (the embedded store takes a few milliseconds a bucket: a
+        second and more with a hung host's backlog in every view). Its
+        answer wakes the loop."""
+        past = self.book.past_read(now, monotonic, stalled)
         if past is not None:
+            self._past_task = asyncio.create_task(self._read_past(past))
+
+    async def _read_past(self, past: PastRead) -> None:
+        started = time.perf_counter()
+        try:
             docs = await self.store.find_due_past(
                 past.tokens, past.until, past.limit, past.skipping
             )
+            self.metrics.store_seconds.labels("find_due_past").observe(
+                time.perf_counter() - started
+            )
+        except Exception as exc:
+            self.book.past_failed(self.monotonic())
+            log.warning("could not read past the slow lanes", error=str(exc))
+        else:
             self.book.learned_past(past, docs, self.monotonic())
+        finally:
+            self._past_task = None
+            self._wake.set()
 
     async def _choose(
         self, now: datetime, size: int, *, kafka: bool = True
@@ -368,7 +404,9 @@ class BucketPoller:
             # measure what fairness buys): nothing past what the book holds
             # of every bucket, or a later schedule would pass an earlier one
             # still unread behind a full view.
-            return self._takeable(self.book.in_order(pool), kafka)[:size]
+            takeable = self._takeable(self.book.in_order(pool), kafka)
+            self._more_in_hand = len(takeable) > size
+            return takeable[:size]
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
@@ -381,7 +419,9 @@ class BucketPoller:
                 seen = {d["_id"] for d in pool}
                 extra = await self.store.oldest_due_of(others, now, hiding, size)
                 pool += [d for d in extra if d["_id"] not in seen]
-        return fair_share(self._takeable(pool, kafka), size)
+        takeable = self._takeable(pool, kafka)
+        self._more_in_hand = len(takeable) > size
+        return fair_share(takeable, size)
 
     def _idle_for(self, now: datetime, monotonic: float, *, kafka: bool = True) -> float:
         """Nothing to claim: sleep until the book's next due time or next
@@ -390,10 +430,10 @@ class BucketPoller:
         broker's probe, is."""
         delay = self.poll_interval
         held = self._holds_back(kafka, count=False) if self._held_back else None
-        next_due = self.book.next_due(held)
+        next_due = self.book.next_due(held, ordered=self.tenant_names is None)
         if next_due is not None:
             delay = min(delay, (next_due - now).total_seconds())
-        next_read = self.book.next_read(now, held)
+        next_read = self.book.next_read(now, held, self._stalls(kafka))
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
         return max(0.0, delay)
@@ -727,28 +767,51 @@ class BucketPoller:
         return takeable
 
     def _holds_back(self, kafka: bool, *, count: bool = True) -> Callable[[dict[str, Any]], bool]:
-        """Whether a due schedule must wait unclaimed: a Kafka record while
-        the broker is down (``kafka`` False), a call to a host that has
-        HTTP_MAX_PER_HOST calls out already (with ``count``, counting those
-        this test lets through: one test per batch) or whose circuit is open
-        (until its cooldown is over: then the probe, and a few more that the
-        sink defers, are claimed)."""
+        """Whether a due schedule must wait unclaimed: what is stalled
+        (``_stalls``), or a call to a host that has HTTP_MAX_PER_HOST calls
+        out already (with ``count``, counting those this test lets through:
+        one test per batch)."""
         busy = self._hosts_busy()
+        stalled = self._stalls(kafka)
 
         def held(doc: dict[str, Any]) -> bool:
-            if not is_http(doc):
-                return not kafka
-            if self.http is None:
+            if stalled(doc):
                 return True
+            if not is_http(doc):
+                return False
             host = http_host(doc)
             if busy[host] >= self.http_per_host:
-                return True
-            if self.circuit_open is not None and self.circuit_open(doc["http"]["url"]):
                 return True
             busy[host] += count
             return False
 
         return held
+
+    def _stalls(self, kafka: bool) -> Callable[[dict[str, Any]], bool]:
+        """Whether a due schedule goes nowhere for now, whatever else is out:
+        a Kafka record while the broker is down (``kafka`` False), a call
+        while this node has no HTTP sink, or to a host whose circuit is open
+        (until its cooldown is over: then the probe, and a few more that the
+        sink defers, are claimed)."""
+
+        circuit_open = self.circuit_open
+        # By URL: a backlog is thousands of schedules and a few URLs, and
+        # asking a breaker parses the URL (a round asks for every one).
+        open_by_url: dict[str, bool] = {}
+
+        def stalled(doc: dict[str, Any]) -> bool:
+            if not is_http(doc):
+                return not kafka
+            if self.http is None:
+                return True
+            if circuit_open is None:
+                return False
+            url = doc["http"]["url"]
+            if url not in open_by_url:
+                open_by_url[url] = circuit_open(url)
+            return open_by_url[url]
+
+        return stalled
 
     async def _finish_calls(self, grace: float) -> None:
         """At stop: wait up to ``grace`` for the calls in flight and write
