@@ -386,6 +386,32 @@ async def test_a_read_past_the_slow_lanes_that_hangs_holds_up_no_round(
     await a.run(1)
 
 
+async def test_a_read_past_the_slow_lanes_that_fails_is_made_again_and_holds_nothing(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """The store fails the first reads past a hung host's lane (and loses
+    the answer of one): the rounds go on (the records in hand go), the read
+    is made again a refresh later, and the calls and records behind the
+    backlog are delivered once each."""
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    schedules.fail("find_due_past", times=2)
+    for n in range(60):
+        await add(schedules, time, f"a{n:02}", 0)
+    for n in range(10):
+        await schedules.insert(schedule(f"k{n}", time.at(2 + n), time.wall()), time.wall())
+        await add(schedules, time, f"b{n}", 2 + n, url=B)
+    await a.run(3)
+    assert schedules.calls["find_due_past"] >= 2
+    schedules.fail("find_due_past", applied=True)
+    await a.run_until(
+        lambda: len(a.publisher.ids()) == 10 and len(a.receiver.ids()) == 10, within=20
+    )
+    assert sorted(a.publisher.ids()) == [f"k{n}" for n in range(10)]
+    assert sorted(a.receiver.ids()) == [f"b{n}" for n in range(10)]
+    assert schedules.calls["find_due_past"] >= 4
+
+
 async def test_the_broker_down_with_a_full_view_of_records_hides_no_call(
     time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
 ) -> None:
