@@ -19,6 +19,7 @@ import asyncio
 import base64
 import random
 import secrets
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -386,6 +387,20 @@ def receiver_figures(receipts: ReceiverLog) -> dict[str, Any]:
     }
 
 
+def keep_failed_logs(result: dict[str, Any], data_dir: Path, out: Path | None) -> Path | None:
+    """A failed run's node, store, broker and receiver logs, copied beside
+    its summary (``out/logs``) before its data directory goes: a rare
+    failure is otherwise gone with it (everything seed 1 once left a
+    schedule IN_FLIGHT, and nothing to read). A passed run keeps none
+    (``--keep`` keeps everything). Returns where they went."""
+    logs = data_dir / "logs"
+    if result.get("passed") or out is None or not logs.is_dir():
+        return None
+    kept = out / "logs"
+    shutil.copytree(logs, kept, dirs_exist_ok=True)
+    return kept
+
+
 def main(
     scenario: Scenario,
     seed: int,
@@ -402,14 +417,18 @@ def main(
         )
         return await run.run(), run.judged
 
+    kept_logs: Path | None = None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         result, history = asyncio.run(play(keep))
     else:
         with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
             result, history = asyncio.run(play(Path(tmp)))
+            kept_logs = keep_failed_logs(result, Path(tmp), out)
     print(render(result))
     if out is not None:
         write(result, out, history)
         print(f"wrote {out / 'summary.json'}, {out / 'report.html'} and {out / 'history.jsonl'}")
+    if kept_logs is not None:
+        print(f"the run failed: its logs are in {kept_logs}")
     return 0 if result["passed"] else 1

@@ -18,7 +18,7 @@ from chaos.checker.model import facts
 from chaos.history import CANCEL, INFO, OK, History
 from chaos.lab.network import probe
 from chaos.load import Api, Load
-from chaos.run import Run
+from chaos.run import Run, keep_failed_logs
 from chaos.scenario import load
 from chaos.settle import needs_views, read_views, settle
 from chaos.summary import write
@@ -204,3 +204,23 @@ async def test_the_soak_scaled_to_a_minute_loses_nothing_with_auth_and_signed_go
     assert report["dropped"].get("mac", 0) > 0 and report["dropped"].get("malformed", 0) > 0
     [skew, *_] = [e for e in result["events"] if e["do"] == "skew-clock"]
     assert skew["skew_s"] and skew["settled_after_s"] is not None
+
+
+def test_a_failed_runs_logs_are_kept_beside_its_summary_and_a_passed_runs_are_not(
+    tmp_path: Path,
+) -> None:
+    """Without --keep a run's data directory goes with it: a failed run's
+    logs are copied to the summary's folder first, a passed run's are not,
+    nor anything without --out."""
+    data = tmp_path / "data"
+    (data / "logs").mkdir(parents=True)
+    (data / "logs" / "node-1.log").write_text("a line\n")
+    (data / "mongo").mkdir()
+    out = tmp_path / "out"
+    assert keep_failed_logs({"passed": True}, data, out) is None
+    assert not (out / "logs").exists()
+    assert keep_failed_logs({"passed": False}, data, None) is None
+    kept = keep_failed_logs({"passed": False}, data, out)
+    assert kept == out / "logs"
+    assert (kept / "node-1.log").read_text() == "a line\n"
+    assert not (out / "mongo").exists()
