@@ -334,14 +334,19 @@ def test_a_lane_is_slow_while_stalled_or_its_calls_crowd_a_full_view() -> None:
     past = other.past_read(at(0), 0.0)
     assert past is not None and past.skipping == frozenset({"a"}) and past.tokens == {2: 1}
     other.learned_past(past, [], 0.0)
-    # b's circuit opens: skipped too, and bucket 1 is crowded now (read a
-    # refresh after the last, not the two intervals it had backed off to).
+    # b's circuit opens: skipped too, and bucket 1 is crowded now: read a
+    # refresh after the last, not the two intervals the reads had backed
+    # off to, and alone (bucket 2 is covered up to the last read's bound).
     b_open = lambda d: lane(d) == "b"  # noqa: E731
     late = other.past_read(at(1), 1.0, b_open)
     assert late is not None and late.skipping == frozenset({"a", "b"})
-    assert late.tokens == {1: 1, 2: 1}
+    assert late.tokens == {1: 1} and not late.whole
     other.learned_past(late, [], 1.0)
-    assert other.past_read(at(3), 3.0, b_open) is None  # found nothing: the next at 5
+    assert other.past_read(at(1.5), 1.5, b_open) is None  # the whole read's turn is at 2
+    whole_read = other.past_read(at(2), 2.0, b_open)
+    assert whole_read is not None and whole_read.tokens == {1: 1, 2: 1}
+    other.learned_past(whole_read, [], 2.0)
+    assert other.past_read(at(3), 3.0, b_open) is None  # found nothing: the next at 6
     again = other.past_read(at(3), 3.0)  # b's circuit closed: its lane is read again
     assert again is not None and again.skipping == frozenset({"a"})
 
@@ -405,3 +410,29 @@ def test_taken_plainly_oldest_first_a_round_waits_on_nothing_it_would_not_take()
     calls = lambda d: "http" in d  # noqa: E731  (every call held back)
     assert book.next_due(calls, ordered=True) is None
     assert book.next_due(calls) == at(5)
+
+
+def test_buckets_crowded_one_by_one_are_read_past_one_by_one() -> None:
+    """A hung host's backlog fills the views one after another: after the
+    first, a read past the slow lanes reads only the buckets newly crowded
+    (the others are covered up to their bounds), a refresh after the last;
+    the whole reads keep their own back-off. What this node stores in a
+    bucket so covered joins its finds with no read."""
+    book = DueBook(refresh=REFRESH, budget=6, min_read=2)
+    book.sync({1: 1, 2: 1, 3: 1})
+    for read in book.reads(at(0), 0.0, REFRESH):
+        hung = [call("a0", 1, -1, "a"), call("a1", 1, -1, "a")] if read.bucket == 1 else []
+        book.learned(read, hung, 0.0)
+    first = book.past_read(at(0), 0.0)
+    assert first is not None and first.whole and first.tokens == {1: 1}
+    book.learned_past(first, [], 0.0)
+    book.learned(Read(2, 1, at(1), 2), [call("a2", 2, -1, "a"), call("a3", 2, -1, "a")], 0.5)
+    assert book.past_read(at(0.5), 0.5) is None  # a refresh after the last
+    newly = book.past_read(at(1), 1.0)
+    assert newly is not None and not newly.whole and newly.tokens == {2: 1}
+    book.learned_past(newly, [doc("k0", 2, 3)], 1.0)
+    book.accepted(doc("k1", 2, 2.5))
+    assert [d["_id"] for d in book.due(at(3))] == ["a0", "a1", "a2", "a3", "k1", "k0"]
+    assert book.past_read(at(1.5), 1.5) is None  # the whole read found nothing: at 2
+    whole = book.past_read(at(2), 2.0)
+    assert whole is not None and whole.whole and whole.tokens == {1: 1, 2: 1}

@@ -275,6 +275,68 @@ async def test_work_held_back_is_not_read_again_every_refresh(
     assert read < 200, read
 
 
+async def test_a_tenant_whose_due_work_is_held_back_is_not_asked_for_it_again(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host a hangs and its held-back calls fill the view: the tenant is
+    present there, so no round asks the store for that tenant's oldest due
+    work (which is the held work again, at the cost of a read of every
+    hiding bucket a round); another tenant behind the backlog still is."""
+
+    async def tenants() -> list[str]:
+        return ["default", "other"]
+
+    a = await owner(time, schedules, leases, http_per_host=2, batch_size=5, tenant_names=tenants)
+    a.receiver.hang["a.example"] = asyncio.Event()
+    for n in range(60):
+        await add(schedules, time, f"a{n}", 0)
+    await a.run(10)
+    assert schedules.documents_read["fair"] == 0
+    new = schedule("o0", time.at(time.elapsed), time.wall(), tenant="other", http={"url": B})
+    await schedules.insert(new, time.wall())
+    await a.run_until(lambda: "o0" in a.receiver.ids(), within=5)
+    assert schedules.documents_read["fair"] > 0
+
+
+async def test_a_call_answered_frees_its_hosts_slot_before_it_is_written(
+    time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
+) -> None:
+    """Host b takes one call at a time. Its call answers while a round is
+    reading the store (after that round wrote the answers it had): the same
+    round claims b's next call, the answer written by the next round; the
+    bound is the host's, and an answered call is off it (counted until
+    written, a host's calls went one bound per round or two, as slow as the
+    store)."""
+    a = await owner(time, schedules, leases, http_per_host=1)
+    hung = a.receiver.hang["b.example"] = asyncio.Event()
+    await add(schedules, time, "b0", 0, url=B)
+    await add(schedules, time, "b1", 0, url=B)
+    await a.round()
+    assert a.receiver.waiting["b.example"] == 1
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    find_due = schedules.find_due
+
+    async def slow_read(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        reading.set()
+        await go_on.wait()
+        return await find_due(*args, **kwargs)
+
+    schedules.find_due = slow_read  # type: ignore[method-assign]
+    a.poller.book.stale([0])
+    second = asyncio.create_task(a.poller.run_once())
+    await asyncio.wait_for(reading.wait(), timeout=5)  # a hang guard
+    del a.receiver.hang["b.example"]
+    hung.set()  # b0 answers mid-round
+    await settle_calls()
+    go_on.set()
+    await asyncio.wait_for(second, timeout=5)
+    await settle_calls()
+    assert a.receiver.ids() == ["b0", "b1"]
+    assert (await stored(schedules, "b0"))["status"] == "IN_FLIGHT"  # written next round
+    await a.round()
+    assert (await stored(schedules, "b0"))["status"] == "DELIVERED"
+
+
 async def test_an_open_circuit_leaves_its_schedules_unclaimed_until_it_may_probe(
     time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases
 ) -> None:

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from node.delivery.past_lanes import Lane, PastLanes, PastRead, slow_lanes
-from node.schedule.destination import is_http, lane
-from node.schedule.times import aware
+from node.delivery.past_lanes import PastLanes, PastRead, slow_lanes
+from node.delivery.routes import Lane, Route, Routes, held_routes
+from node.delivery.routes import due_at as _due
+from node.schedule.destination import lane
 
 Doc = dict[str, Any]
 
@@ -70,17 +71,41 @@ class Read:
 @dataclass
 class _View:
     token: int
-    docs: list[Doc] = field(default_factory=list)  # read and not yet taken, earliest first
     read_at: float | None = None  # monotonic; None: read it before anything else
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
     whole_at: float | None = None  # monotonic: the last read of everything due
-    # What a read past the slow lanes found here (``past_lanes.py``), due
-    # after everything in ``docs`` of a full view, earliest first.
-    behind: list[Doc] = field(default_factory=list)
+    _docs: list[Doc] = field(default_factory=list)
+    _behind: list[Doc] = field(default_factory=list)
+    _routes: Routes | None = None  # of both, built when asked after a change
+
+    @property
+    def docs(self) -> list[Doc]:
+        """Read and not yet taken, earliest first (never changed in place)."""
+        return self._docs
+
+    @docs.setter
+    def docs(self, docs: list[Doc]) -> None:
+        self._docs, self._routes = docs, None
+
+    @property
+    def behind(self) -> list[Doc]:
+        """What a read past the slow lanes found here (``past_lanes.py``), due
+        after everything in ``docs`` of a full view, earliest first."""
+        return self._behind
+
+    @behind.setter
+    def behind(self, docs: list[Doc]) -> None:
+        self._behind, self._routes = docs, None
 
     def all_docs(self) -> list[Doc]:
-        return [*self.docs, *self.behind]
+        return [*self._docs, *self._behind]
+
+    def routes(self) -> Routes:
+        """All of it by route (``routes.py``): what a round asks of every view."""
+        if self._routes is None:
+            self._routes = Routes(self.all_docs())
+        return self._routes
 
 
 class DueBook:
@@ -128,10 +153,11 @@ class DueBook:
         ``held``: due work the poller may not claim yet (it is not work in
         hand: its bucket is refreshed as if idle)."""
         until = now + timedelta(seconds=lookahead)
+        blocked = self._held_routes(held)
         wanted = [
             (bucket, view)
             for bucket, view in sorted(self._views.items())
-            if self._needs_read(view, now, monotonic, held)
+            if self._needs_read(view, now, monotonic, blocked)
         ]
         if not wanted:
             return []
@@ -187,8 +213,7 @@ class DueBook:
             if doc["_id"] in self._taken_meanwhile:
                 continue
             if all(d["_id"] != doc["_id"] for d in view.all_docs()):
-                view.behind.append(doc)
-                view.behind.sort(key=_due)
+                view.behind = sorted([*view.behind, doc], key=_due)
                 missed = missed or self.past.covers(doc)
         self._taken_meanwhile = set()
         self.past.learned(read, docs, missed, monotonic)
@@ -233,23 +258,23 @@ class DueBook:
         # A full view holds its bucket's earliest schedules: the new one joins
         # them only where it does not pass a schedule left unread.
         if covered and (not view.full or (view.docs and _due(doc) <= _due(view.docs[-1]))):
-            view.docs.append(doc)
-            view.docs.sort(key=_due)
+            view.docs = sorted([*view.docs, doc], key=_due)
         elif view.full and self.past.covers(doc):
             # Behind a slow lane's backlog, where the last read past it would
             # have found it: with what that read found, no read needed. (Due
             # after its bound, the next read finds it in time: each reads
             # ahead as far as the next; of a lane skipped, it waits with
             # that lane's backlog.)
-            view.behind.append(doc)
-            view.behind.sort(key=_due)
+            view.behind = sorted([*view.behind, doc], key=_due)
         return True
 
     # -- the round ------------------------------------------------------------------
 
-    def due(self, now: datetime) -> list[Doc]:
-        """Every cached schedule due by ``now``, earliest first."""
-        pool = [d for view in self._views.values() for d in view.all_docs() if _due(d) <= now]
+    def due(self, now: datetime, held: Callable[[Doc], bool] | None = None) -> list[Doc]:
+        """Every cached schedule due by ``now`` but what is ``held`` back,
+        earliest first (``held`` is asked once per route: ``routes.py``)."""
+        blocked = self._held_routes(held)
+        pool = [d for view in self._views.values() for d in view.routes().due(now, blocked)]
         return sorted(pool, key=_due)
 
     def taken(self, docs: Iterable[Doc]) -> None:
@@ -278,6 +303,16 @@ class DueBook:
             for bucket, view in self._views.items()
             if view.full and view.docs and _due(view.docs[-1]) <= now
         )
+
+    def tenants(self, buckets: Iterable[int]) -> set[str]:
+        """The tenants with schedules in these buckets' views (due or not,
+        held back or not)."""
+        return {
+            tenant
+            for bucket in buckets
+            if (view := self._views.get(bucket)) is not None
+            for tenant in view.routes().tenants
+        }
 
     def in_order(self, pool: Iterable[Doc]) -> list[Doc]:
         """Of ``pool``, what no unread schedule was due before: a full view
@@ -313,13 +348,14 @@ class DueBook:
         work the poller may not claim yet, which an event wakes it for; with
         ``ordered``, of what ``in_order`` lets go: a round taken plainly
         oldest first waits on nothing it would not take)."""
-        docs = [
-            d
-            for view in self._views.values()
-            for d in view.all_docs()
-            if held is None or not held(d)
-        ]
-        return min((_due(d) for d in (self.in_order(docs) if ordered else docs)), default=None)
+        blocked = self._held_routes(held)
+        if not ordered:
+            return min(
+                (due for view in self._views.values() if (due := view.routes().earliest(blocked))),
+                default=None,
+            )
+        docs = [d for view in self._views.values() for d in view.routes().unheld(blocked)]
+        return min((_due(d) for d in self.in_order(docs)), default=None)
 
     def next_read(
         self,
@@ -332,6 +368,7 @@ class DueBook:
         time there is), or the next read past the slow lanes. Given
         ``now``, a view with due work in hand (not ``held``) is not idle: it
         is read again once that work is taken."""
+        blocked = self._held_routes(held)
         times = [
             float("-inf")
             if view.read_at is None or (view.full and not view.docs)
@@ -339,7 +376,7 @@ class DueBook:
             for view in self._views.values()
             if now is None
             or view.read_at is None
-            or not (_in_hand(view, now, held) or (view.full and _holds_due(view, now)))
+            or not (view.routes().in_hand(now, blocked) or (view.full and _holds_due(view, now)))
         ]
         past = (
             None
@@ -353,19 +390,26 @@ class DueBook:
 
     # -- inside ---------------------------------------------------------------------
 
-    def _crowded(self) -> dict[int, tuple[int, list[Doc]]]:
-        """bucket -> (token, schedules) of the full views: those a slow
-        lane's backlog may fill."""
+    def _crowded(self) -> dict[int, tuple[int, Routes]]:
+        """bucket -> (token, schedules by route) of the full views: those a
+        slow lane's backlog may fill."""
         return {
-            bucket: (view.token, view.all_docs())
+            bucket: (view.token, view.routes())
             for bucket, view in sorted(self._views.items())
             if view.full and view.read_at is not None and view.docs
         }
 
     def _slow(self, now: datetime, stalled: Callable[[Doc], bool] | None) -> frozenset[Lane]:
-        full = [view.docs for view in self._views.values() if view.full and view.docs]
-        due_work = [d for view in self._views.values() for d in view.all_docs()]
-        return slow_lanes(full, due_work, now, stalled)
+        full = [
+            (view.routes(), len(view.docs))
+            for view in self._views.values()
+            if view.full and view.docs
+        ]
+        every = [view.routes() for view in self._views.values()]
+        return slow_lanes(full, every, now, stalled)
+
+    def _held_routes(self, held: Callable[[Doc], bool] | None) -> frozenset[Route]:
+        return held_routes((view.routes() for view in self._views.values()), held)
 
     def _read_after(
         self,
@@ -377,7 +421,7 @@ class DueBook:
         """Where a refresh of ``view`` may start: after its bound, when it
         holds due work held back and everything up to that bound, and was
         read whole lately (None: read it whole)."""
-        holding = _holds_due(view, now) and (held is not None or _calls_due(view, now))
+        holding = _holds_due(view, now) and (held is not None or view.routes().calls_due(now))
         # A view marked stale (a hint, a failed claim) is read whole.
         if not holding or view.full or view.read_at is None or view.whole_at is None:
             return None
@@ -390,11 +434,11 @@ class DueBook:
         view: _View,
         now: datetime,
         monotonic: float,
-        held: Callable[[Doc], bool] | None = None,
+        blocked: frozenset[Route],
     ) -> bool:
         if view.read_at is None:
             return True
-        if _in_hand(view, now, held):
+        if view.routes().in_hand(now, blocked):
             return False  # work in hand: deliver it first
         if view.full and _holds_due(view, now):
             return False  # held back, a backlog behind it: read on once it is taken
@@ -403,24 +447,5 @@ class DueBook:
         return monotonic - view.read_at >= self.refresh
 
 
-def _due(doc: Doc) -> datetime:
-    return aware(doc["dueAt"])
-
-
 def _holds_due(view: _View, now: datetime) -> bool:
-    return any(_due(d) <= now for d in view.docs)
-
-
-def _calls_due(view: _View, now: datetime) -> bool:
-    return any(_due(d) <= now and is_http(d) for d in view.docs)
-
-
-def _in_hand(view: _View, now: datetime, held: Callable[[Doc], bool] | None) -> bool:
-    """Whether a view holds due work the poller may claim now, and all of
-    it: HTTP calls go a host's bound at a time, so a view whose work in hand
-    is calls may keep some a while, and is refreshed meanwhile as if held
-    back (after its bound, ``_read_after``), or a record due behind them
-    would wait for them."""
-    return any(
-        _due(d) <= now and not is_http(d) and (held is None or not held(d)) for d in view.all_docs()
-    )
+    return bool(view.docs) and _due(view.docs[0]) <= now

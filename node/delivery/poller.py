@@ -173,9 +173,6 @@ class BucketPoller:
         self._call_tasks: set[asyncio.Task[None]] = set()
         self._calls_changed = asyncio.Event()
         self._answers_wake: asyncio.TimerHandle | None = None
-        # Whether the last batch left due work unclaimed (a host at its
-        # bound, the broker down): the round then sleeps until woken.
-        self._held_back = False
         # Whether the last batch left due work in hand it could have taken
         # (past the claim window): the next round comes at once.
         self._more_in_hand = False
@@ -398,7 +395,9 @@ class BucketPoller:
         due work, other tenants' work may wait behind it in that bucket: the
         tenants absent from the pool are asked for their own earliest due
         work there."""
-        pool = self.book.due(now)
+        # What is held back as a whole (a host at its bound, its circuit
+        # open, the broker down) is left in the book, asked once per route.
+        pool = self.book.due(now, self._holds_back(kafka, count=False))
         if self.tenant_names is None:
             # Plain oldest first across the cluster's backlog (kept only to
             # measure what fairness buys): nothing past what the book holds
@@ -411,7 +410,11 @@ class BucketPoller:
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
         if tenants:
-            present = {str(d.get("tenant")) for d in pool}
+            # A tenant with due work held back in those views is present:
+            # what waits behind them is its own backlog (asked for, that
+            # would be the same held work again, at the cost of a read of
+            # every hiding bucket).
+            present = {str(d.get("tenant")) for d in pool} | self.book.tenants(hiding)
             others, self._tenant_turn = next_window(
                 tenants, self._tenant_turn, present, MAX_TENANTS_PER_ROUND
             )
@@ -429,7 +432,7 @@ class BucketPoller:
         bound, the broker down) is no time to wake at: an answer, or the
         broker's probe, is."""
         delay = self.poll_interval
-        held = self._holds_back(kafka, count=False) if self._held_back else None
+        held = self._holds_back(kafka, count=False)
         next_due = self.book.next_due(held, ordered=self.tenant_names is None)
         if next_due is not None:
             delay = min(delay, (next_due - now).total_seconds())
@@ -754,17 +757,20 @@ class BucketPoller:
             self._calls_changed.set()
 
     def _hosts_busy(self) -> Counter[str]:
-        """HTTP calls in flight (or answered, not yet written) by host."""
-        return Counter(http_host(c.doc) for c in self._calls.values())
+        """HTTP calls in flight by host: waiting on the host, not those
+        answered and not yet written (the bound is the host's, and a call
+        answered is off it; counted until written, a host's calls went a
+        bound per round or two, as slow as the store, and a fast host
+        behind a hung one's backlog fell behind its load)."""
+        answered = {claim.id for claim, _result in self._answers}
+        return Counter(http_host(c.doc) for c in self._calls.values() if c.id not in answered)
 
     def _takeable(self, pool: list[dict[str, Any]], kafka: bool) -> list[dict[str, Any]]:
         """Of the due ``pool``, what a round may claim (``_holds_back``); the
         rest wait in the book, unclaimed, costing nothing, and never hold
         what may go."""
         held = self._holds_back(kafka)
-        takeable = [doc for doc in pool if not held(doc)]
-        self._held_back = len(takeable) < len(pool)
-        return takeable
+        return [doc for doc in pool if not held(doc)]
 
     def _holds_back(self, kafka: bool, *, count: bool = True) -> Callable[[dict[str, Any]], bool]:
         """Whether a due schedule must wait unclaimed: what is stalled
