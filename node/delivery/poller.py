@@ -383,6 +383,14 @@ class BucketPoller:
             log.warning("could not read past the slow lanes", error=str(exc))
         else:
             self.book.learned_past(past, docs, self.monotonic())
+            log.debug(
+                "read past the slow lanes",
+                buckets=len(past.tokens),
+                whole=past.whole,
+                skipping=sorted(str(lane) for lane in past.skipping),
+                found=len(docs),
+                seconds=round(time.perf_counter() - started, 3),
+            )
         finally:
             self._past_task = None
             self._wake.set()
