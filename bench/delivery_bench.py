@@ -302,6 +302,7 @@ class Runner:
         print(f"  {system.name} x{processes} {workload.name} ({workload.count}) ...", flush=True)
         docs = destination.documents(run, workload.count)
         judged = [i for i, doc in enumerate(docs) if destination.judges(doc)]
+        await destination.begin()
         try:
             if not system.load_first:
                 await system.start(self.servers, database, processes)

@@ -134,6 +134,16 @@ class Receiver:
             raise RuntimeError(f"the receiver on {self.host} did not start: see {self.log_path}")
         self.port = int(line.split()[1])
 
+    async def reset(self) -> None:
+        """Forget what was noted: a run begins (before its system starts: a
+        system that starts late delivers before the run's reader is
+        entered, and those deliveries are the run's)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.base + "/reset") as response,
+        ):
+            response.raise_for_status()
+
     def _spawn(self) -> subprocess.Popen[str]:
         argv = [sys.executable, "-m", "bench.receiver", self.host, "--hang", str(self.hang)]
         with self.log_path.open("a") as log:
@@ -157,7 +167,8 @@ class Receiver:
 class ReceiverReader:
     """What reached a receiver during one run, as ``stack.TopicReader`` has
     it for a topic: ``deliveries`` and the distinct ``ids``, kept up to date
-    while the run lasts. Entering forgets what an earlier run left."""
+    while the run lasts, from what the receiver noted since its last
+    ``reset`` (the run's start, before its system starts)."""
 
     def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
@@ -168,8 +179,6 @@ class ReceiverReader:
 
     async def __aenter__(self) -> ReceiverReader:
         self._session = aiohttp.ClientSession()
-        async with self._session.post(self.receiver.base + "/reset") as response:
-            response.raise_for_status()
         self._task = asyncio.create_task(self._read())
         return self
 

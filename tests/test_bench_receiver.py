@@ -70,13 +70,18 @@ async def test_a_receiver_process_is_read_for_a_run_from_its_start(tmp_path: Pat
         async with aiohttp.ClientSession() as session:
             headers = {"schedule-id": "earlier", "execute-at": EXECUTE_AT}
             (await session.post(receiver.url, headers=headers)).release()
+            await receiver.reset()  # the run begins
+            # Delivered before the reader is entered (a system started late):
+            # the run's own.
+            headers = {"schedule-id": "early", "execute-at": EXECUTE_AT}
+            (await session.post(receiver.url, headers=headers)).release()
             async with ReceiverReader(receiver) as reader:
                 for i in range(2):
                     headers = {"schedule-id": f"s-{i}", "execute-at": EXECUTE_AT}
                     (await session.post(receiver.url, headers=headers)).release()
-                assert await reader.wait_for(2, time.monotonic() + 10)
+                assert await reader.wait_for(3, time.monotonic() + 10)
         # An earlier run's delivery is not this one's.
-        assert reader.ids == {"s-0", "s-1"} and len(reader.deliveries) == 2
+        assert reader.ids == {"early", "s-0", "s-1"} and len(reader.deliveries) == 3
     finally:
         receiver.stop()
 
