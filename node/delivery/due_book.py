@@ -350,10 +350,8 @@ class DueBook:
         oldest first waits on nothing it would not take)."""
         blocked = self._held_routes(held)
         if not ordered:
-            return min(
-                (due for view in self._views.values() if (due := view.routes().earliest(blocked))),
-                default=None,
-            )
+            earliest = (view.routes().earliest(blocked) for view in self._views.values())
+            return min((due for due in earliest if due is not None), default=None)
         docs = [d for view in self._views.values() for d in view.routes().unheld(blocked)]
         return min((_due(d) for d in self.in_order(docs)), default=None)
 
