@@ -489,6 +489,16 @@ SETTINGS: tuple[Setting, ...] = (
         "as missed and its misfire policy (fire_once, fire_all, skip) applies",
     ),
     Setting(
+        attr="watch_changes",
+        env="WATCH_CHANGES",
+        flag="--watch-changes",
+        default="on",
+        parse=_parse_switch,
+        help="on: follow the store's change stream, so a bucket with nothing due is not read "
+        "before its next due time (falls back to polling where the store has none); off: "
+        "read every idle bucket once a POLL_INTERVAL",
+    ),
+    Setting(
         attr="fair_tenants",
         env="FAIR_TENANTS",
         flag="--fair-tenants",
@@ -699,6 +709,7 @@ class NodeConfig:
     retry_backoff_max: float
     misfire_threshold: float = 60.0
     fair_tenants: bool = True
+    watch_changes: bool = True
     retention: float = 7 * 86400.0
     history_retention: float = 7 * 86400.0
     history_per_schedule: int = 100

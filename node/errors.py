@@ -164,6 +164,12 @@ class NodeBusy(SchedulerError, code="busy", status_hint=503, retriable=True):
     memory is bounded by them); another node, or this one a moment later, will."""
 
 
+class ChangesUnsupported(SchedulerError, code="changes_unsupported"):
+    """The store offers no change stream (a standalone mongod: change streams
+    need a replica set or a sharded cluster). Not retriable: the owners poll
+    their buckets instead (``node/delivery/due_feed.py``)."""
+
+
 class BrokerUnavailable(SchedulerError, code="broker_unavailable", retriable=True):
     """Kafka could not be reached."""
 

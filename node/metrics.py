@@ -167,6 +167,17 @@ class NodeMetrics:
             ["outcome"],
             registry=r,
         )
+        self.change_feed_open = Gauge(
+            "scheduler_change_feed_open",
+            "1 while this node follows the store's change feed (its idle buckets are not "
+            "read before their next due time), 0 while it polls every bucket",
+            registry=r,
+        )
+        self.change_feed_events = Counter(
+            "scheduler_change_feed_events_total",
+            "Writes the change feed told of that may make work due sooner",
+            registry=r,
+        )
         self.lease_errors = Counter(
             "scheduler_lease_errors_total",
             "Lease rounds that failed to reach the store",

@@ -35,10 +35,14 @@ BUCKETS = 16
 # tenant, in _id or due order, filtered), counting its live ones (its
 # max-pending quota, and a listing's counts per status), and finding the
 # ones a bulk cancel's selector matches (the cancel itself names buckets).
+# And each node's change stream (node/store/due_changes.py): one cursor per
+# node that the server feeds every shard's writes through, which is what
+# spares the owners a read of every idle bucket.
 SPANNING = (
     "list a tenant's schedules",
     "count a tenant's schedules",
     "find a tenant's schedules a selector matches",
+    "follow the writes that make work due",
 )
 _LISTING_FIELDS = {"tenant", "status", "_id", "labels", "key", "topic", "dueAt", "$or"}
 
@@ -81,6 +85,8 @@ def spanning(name: str, command: dict[str, Any]) -> str | None:
     """Which of the SPANNING queries this is, if one."""
     if name not in ("find", "aggregate"):
         return None
+    if name == "aggregate" and "$changeStream" in command["pipeline"][0]:
+        return SPANNING[3]
     [query] = filters(name, command) or [{}]
     if not set(query) <= _LISTING_FIELDS:
         return None

@@ -6,6 +6,7 @@ drift between them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -378,3 +379,54 @@ async def test_history_keeps_a_capped_newest_first_record_per_life(store: StoreK
     assert await history.write([reborn]) == 1
     since = await history.of("h", 10, since=NOW + timedelta(minutes=4))
     assert [r["at"] for r in since] == [NOW + timedelta(minutes=5)]
+
+
+async def test_the_next_due_time_after_a_bound_is_the_earliest_pending_one(
+    store: StoreKit,
+) -> None:
+    schedules = await prepared(store, 1)
+    assert await schedules.next_due(0, NOW) is None
+    for name, offset in (("before", -5), ("at", 0), ("third", 30), ("second", 20)):
+        await schedules.insert(new(name, NOW + timedelta(seconds=offset)), NOW)
+    assert await schedules.next_due(0, NOW) == NOW + timedelta(seconds=20)
+    await schedules.change("second", lambda d: changes.pause(d, NOW), NOW)
+    assert await schedules.next_due(0, NOW) == NOW + timedelta(seconds=30)  # PENDING only
+    assert await schedules.next_due(0, NOW + timedelta(seconds=30)) is None  # after: exclusive
+
+
+async def test_the_change_feed_tells_every_write_that_makes_work_due_sooner(
+    store: StoreKit,
+) -> None:
+    """Stored PENDING, made PENDING again, a new due time: told, in order,
+    with the bucket and (when the write set it) the due time. A claim, a
+    pause or a cancel makes nothing due: not told."""
+    schedules = await prepared(store, 4)
+    await schedules.insert(new("before"), NOW)  # before the feed: not told
+    feed = await schedules.watch_due()
+    try:
+        later = NOW + timedelta(minutes=5)
+        await schedules.insert(new("new", later), NOW)
+        put_back = await claim_one(schedules, "before", token=1)
+        await schedules.unclaim([put_back])
+        await schedules.change("new", lambda d: changes.pause(d, NOW), NOW)
+        await schedules.change("new", lambda d: changes.resume(d, NOW), NOW)
+        await schedules.change("new", lambda d: changes.trigger(d, NOW), NOW)
+        await schedules.cancel("new", NOW)
+        await schedules.insert(new("last", later), NOW)
+        told = []
+        async with asyncio.timeout(30):  # a hang guard
+            async for change in feed:
+                told.append((change.schedule_id, change.inserted, change.due_at))
+                bucket = (await stored(schedules, change.schedule_id))["bucket"]
+                assert change.bucket == bucket
+                if change.schedule_id == "last":
+                    break
+        assert told == [
+            ("new", True, later),
+            ("before", False, None),  # the put-back: PENDING again
+            ("new", False, None),  # resumed
+            ("new", False, NOW),  # triggered: due now
+            ("last", True, later),
+        ]
+    finally:
+        await feed.close()

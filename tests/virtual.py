@@ -8,6 +8,7 @@ virtual minutes runs in milliseconds (trio's MockClock; STYLE.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +41,7 @@ class VirtualTime:
     def __init__(self, start: datetime = START) -> None:
         self.start = start
         self.elapsed = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def wall(self) -> datetime:
         # To the millisecond, as the node's estimate of the store's clock is.
@@ -51,6 +53,18 @@ class VirtualTime:
     def advance(self, seconds: float) -> None:
         assert seconds >= 0
         self.elapsed += seconds
+        for sleeper in [s for s in self._sleepers if s[0] <= self.elapsed]:
+            self._sleepers.remove(sleeper)
+            if not sleeper[1].done():
+                sleeper[1].set_result(None)
+
+    async def sleep(self, seconds: float) -> None:
+        """Until ``seconds`` of virtual time have passed (``advance`` moves it)."""
+        if seconds <= 0:
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.elapsed + seconds, woken))
+        await woken
 
     def at(self, seconds: float) -> datetime:
         """The wall time ``seconds`` after the start."""
@@ -182,6 +196,7 @@ class Owner:
         tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
         http_per_host: int = 16,
         outage_bound: timedelta = timedelta(days=1),
+        watch_changes: bool = False,
     ) -> None:
         self.name = name
         self.time = time
@@ -206,7 +221,25 @@ class Owner:
             tenant_names=tenant_names,
             wall=time.wall,
             monotonic=time.monotonic,
+            watch_changes=watch_changes,
         )
+        self._feed: asyncio.Task[None] | None = None
+
+    async def open_feed(self) -> None:
+        """Follow the store's change feed (as ``run`` would, beside the
+        rounds), and let it open."""
+        assert self.poller.feed is not None, "made with watch_changes=True"
+        self.poller.feed.sleep = self.time.sleep  # its back-off before reopening
+        self._feed = asyncio.create_task(self.poller.feed.run())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert self.poller.feed.open
+
+    async def close_feed(self) -> None:
+        if self._feed is not None:
+            self._feed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._feed
 
     def count(self, outcome: str) -> float:
         return float(self.metrics.deliveries.labels(outcome)._value.get())
@@ -230,8 +263,8 @@ class Owner:
         # loop); an answer wakes a real poller's sleep, so a round follows.
         for _ in range(3):
             await asyncio.sleep(0)
-        if self.poller._answers:
-            delay = 0.0
+        if self.poller._answers or self.poller._wake.is_set():
+            delay = 0.0  # woken (an answer, the change feed's news): a real sleep ends
         if self.leases.held:
             delay = min(delay, renew_at + self.leases.renew_interval - self.time.monotonic())
         return max(delay, 0.0)

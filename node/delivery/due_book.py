@@ -10,10 +10,15 @@ only when
 * its view is missing: the bucket was just gained, or was marked stale (a
   hint of work due before the bucket's next read, a claim that failed);
 * its cached due work ran out and its last read was full: more is due;
-* its view is older than the refresh interval and holds nothing due yet:
-  other nodes accept schedules for every bucket, and the hint they send for
-  one due soon may have been lost, so a lost hint costs at most a refresh
-  interval of lateness, never a delivery;
+* it is quiet (the store's change feed is open, ``due_feed.py``) and its
+  next due time, learned by the last read's peek (``Schedules.next_due``)
+  or told since, is within the refresh interval: everything that could make
+  work due sooner (another node's insert, a resume, a retry) is told by the
+  feed, so a bucket with nothing due costs no read until then;
+* it is not quiet (no feed), is older than the refresh interval and holds
+  nothing due yet: other nodes accept schedules for every bucket, and the
+  hint they send for one due soon may have been lost, so a lost hint costs
+  at most a refresh interval of lateness, never a delivery;
 * its view is older than the refresh interval and all its due work is
   held back (the poller may not claim it yet: a host at its bound, the
   broker down), and the view holds every schedule due up to its bound: it
@@ -27,8 +32,9 @@ only when
   it: ``past_lanes.py``, whose finds a view keeps apart, ``behind``).
 
 Everything else costs the store nothing: a bucket with cached due work is
-served from the cache, an idle one is read once a refresh interval whatever
-the backlog of other buckets or of the future. A read returns a bucket's
+served from the cache, an idle one is read once before its next due time
+(with the feed) or once a refresh interval (without), whatever the backlog
+of other buckets or of the future. A read returns a bucket's
 PENDING schedules due by its ``until``, from the earliest, so it replaces
 the view (a schedule claimed or cancelled since is simply not returned).
 
@@ -53,6 +59,10 @@ Doc = dict[str, Any]
 # A view whose due work is held back is read for what lies past its bound,
 # and read whole once in this many refresh intervals (see the docstring).
 WHOLE_READ_EVERY = 10
+# Ids of schedules taken lately that a change feed's news of their insert is
+# checked against (their insert is told after the claim at times: due at
+# once, stored here and taken before the feed told it).
+RECENTLY_TAKEN = 4096
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,12 @@ class Read:
     # Only what is due after this: the view holds everything due up to it,
     # and what is read is added to the view rather than replacing it.
     after: datetime | None = None
+    # Made while the change feed was open (``DueBook.watch``): when it comes
+    # back short of its limit, ask when the bucket's next schedule after
+    # ``until`` is due (``Schedules.next_due``), and the view goes quiet
+    # until then. ``epoch``: the feed's, when the read was made.
+    peek: bool = False
+    epoch: int = 0
 
 
 @dataclass
@@ -75,6 +91,17 @@ class _View:
     until: datetime | None = None  # the last read's bound
     full: bool = False  # the last read returned its limit
     whole_at: float | None = None  # monotonic: the last read of everything due
+    # Quiet: the change feed was open from before the last read until now,
+    # which came back short and said when the bucket's next schedule after
+    # ``until`` is due (``next_at``; None: none). Anything sooner is told
+    # (``DueBook.hint``), so the view needs no read before next_at.
+    quiet: bool = False
+    next_at: datetime | None = None
+    # A read of it is out: what hints tell meanwhile is applied once it is
+    # back (the read may or may not have seen the write).
+    reading_until: datetime | None = None  # that read's bound
+    hinted_within: bool = False  # a hint due within the read's bound
+    hinted_after: datetime | None = None  # the earliest hint due after it
     _docs: list[Doc] = field(default_factory=list)
     _behind: list[Doc] = field(default_factory=list)
     _routes: Routes | None = None  # of both, built when asked after a change
@@ -117,6 +144,14 @@ class DueBook:
         self.budget = budget
         self.min_read = min_read
         self._views: dict[int, _View] = {}
+        # Whether the store's change feed is open (``watch``), and how many
+        # times it opened or broke: a view is quiet only under the feed that
+        # was open when it was read.
+        self.watched = False
+        self._epoch = 0
+        # The ids this node took lately: a change feed tells of its own
+        # inserts too, and one told after it was taken is not new work.
+        self._recently_taken: dict[str, None] = {}
         self.past = PastLanes(refresh, WHOLE_READ_EVERY * refresh, limit=max(min_read, budget // 4))
         # What was taken while a read past the slow lanes was out: it may
         # come back in that read's answer, and is not to be taken again.
@@ -137,6 +172,17 @@ class DueBook:
                 self._views[bucket] = _View(token)
                 gained.add(bucket)
         return gained
+
+    def watch(self, open_: bool) -> None:
+        """The store's change feed opened (every view is read again: what was
+        written before it opened was not told) or broke (no view is quiet:
+        each is refreshed once a refresh interval, as without a feed)."""
+        self.watched = open_
+        self._epoch += 1
+        for view in self._views.values():
+            view.quiet = False
+            if open_:
+                view.read_at = None
 
     # -- what to read, and what was read -------------------------------------------
 
@@ -166,16 +212,34 @@ class DueBook:
         reading = {bucket for bucket, _ in wanted}
         kept = sum(len(v.docs) for b, v in self._views.items() if b not in reading)
         limit = max(self.min_read, max(0, self.budget - kept) // len(wanted))
+        for _, view in wanted:
+            view.reading_until, view.hinted_within, view.hinted_after = until, False, None
         return [
-            Read(bucket, view.token, until, limit, self._read_after(view, now, monotonic, held))
+            Read(
+                bucket,
+                view.token,
+                until,
+                limit,
+                self._read_after(view, now, monotonic, held),
+                peek=self.watched,
+                epoch=self._epoch,
+            )
             for bucket, view in wanted
         ]
 
-    def learned(self, read: Read, docs: Sequence[Doc], monotonic: float) -> None:
-        """A read came back: it is the bucket's view now."""
+    def learned(
+        self,
+        read: Read,
+        docs: Sequence[Doc],
+        monotonic: float,
+        next_at: datetime | None = None,
+    ) -> None:
+        """A read came back: it is the bucket's view now. ``next_at``: the
+        answer of its peek (``Read.peek``, asked when it came back short)."""
         view = self._views.get(read.bucket)
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
+        view.reading_until = None
         if read.after is not None:
             known = {d["_id"] for d in view.docs}
             docs = [*view.docs, *(d for d in docs if d["_id"] not in known)]
@@ -187,6 +251,17 @@ class DueBook:
         view.read_at = monotonic
         view.until = read.until
         view.full = len(docs) >= read.limit
+        self._settle_quiet(view, read, next_at)
+
+    def _settle_quiet(self, view: _View, read: Read, next_at: datetime | None) -> None:
+        """Whether a view just read is quiet, and until when; with what was
+        told while the read was out (which it may not have seen) on top."""
+        view.quiet = read.peek and not view.full and read.epoch == self._epoch and self.watched
+        view.next_at = next_at if view.quiet else None
+        if view.hinted_within:
+            view.read_at = None
+        elif view.hinted_after is not None and view.quiet:
+            view.next_at = _earliest(view.next_at, view.hinted_after)
 
     def past_read(
         self, now: datetime, monotonic: float, stalled: Callable[[Doc], bool] | None = None
@@ -231,18 +306,34 @@ class DueBook:
 
     # -- what the rest of the node tells ----------------------------------------------
 
-    def hint(self, bucket: int, due_at: datetime) -> bool:
-        """A schedule of ``bucket`` falls due at ``due_at``: True when the view
-        would not have seen it in time (it is then read at once)."""
+    def hint(self, bucket: int, due_at: datetime | None, inserted: str | None = None) -> bool:
+        """A schedule of ``bucket`` falls due at ``due_at`` (None: not said,
+        take it as due now): True when the view would not have seen it in
+        time (it is then read at once). ``inserted``: the id of a schedule
+        just stored, as the change feed tells it (one already in the view,
+        or taken lately, is no news)."""
         view = self._views.get(bucket)
         if view is None:
             return False
+        if inserted is not None and (
+            inserted in self._recently_taken or any(d["_id"] == inserted for d in view.docs)
+        ):
+            return False
+        if view.reading_until is not None:
+            if due_at is None or due_at <= view.reading_until:
+                view.hinted_within = True
+            else:
+                view.hinted_after = _earliest(view.hinted_after, due_at)
         if view.read_at is None:
             return True  # read first thing anyway
         if view.full:
             self.past.hinted()  # it may be behind a slow lane's backlog
-        if view.until is not None and due_at > view.until:
-            return False  # after the view's bound: a refresh reads it before it is due
+        if due_at is not None and view.until is not None and due_at > view.until:
+            # After the view's bound: a quiet view reads again before it is
+            # due; another is refreshed in time anyway.
+            if view.quiet:
+                view.next_at = _earliest(view.next_at, due_at)
+            return False
         view.read_at = None
         return True
 
@@ -283,6 +374,9 @@ class DueBook:
         by_bucket: dict[int, set[str]] = {}
         for doc in docs:
             by_bucket.setdefault(int(doc["bucket"]), set()).add(str(doc["_id"]))
+            self._recently_taken[str(doc["_id"])] = None
+        while len(self._recently_taken) > RECENTLY_TAKEN:
+            del self._recently_taken[next(iter(self._recently_taken))]
         for bucket, ids in by_bucket.items():
             if self.past.pending:
                 self._taken_meanwhile |= ids
@@ -360,17 +454,18 @@ class DueBook:
         now: datetime | None = None,
         held: Callable[[Doc], bool] | None = None,
         stalled: Callable[[Doc], bool] | None = None,
+        monotonic: float | None = None,
     ) -> float | None:
         """The monotonic time the next refresh of an idle bucket falls due
         (a missing view, or a full one all taken: now, that is the earliest
         time there is), or the next read past the slow lanes. Given
         ``now``, a view with due work in hand (not ``held``) is not idle: it
-        is read again once that work is taken."""
+        is read again once that work is taken. A quiet view (given ``now``
+        and ``monotonic``) is read a refresh interval before its next due
+        time, and never when it knows of none."""
         blocked = self._held_routes(held)
         times = [
-            float("-inf")
-            if view.read_at is None or (view.full and not view.docs)
-            else view.read_at + self.refresh
+            self._read_time(view, now, monotonic)
             for view in self._views.values()
             if now is None
             or view.read_at is None
@@ -381,7 +476,19 @@ class DueBook:
             if now is None or self.past.pending
             else self.past.next_at(self._crowded(), self._slow(now, stalled), now)
         )
-        return min([*times, *([] if past is None else [past])], default=None)
+        known = [t for t in times if t is not None]
+        return min([*known, *([] if past is None else [past])], default=None)
+
+    def _read_time(
+        self, view: _View, now: datetime | None, monotonic: float | None
+    ) -> float | None:
+        if view.read_at is None or (view.full and not view.docs):
+            return float("-inf")
+        if view.quiet and now is not None and monotonic is not None:
+            if view.next_at is None:
+                return None
+            return monotonic + max(0.0, (view.next_at - now).total_seconds() - self.refresh)
+        return view.read_at + self.refresh
 
     def held(self) -> dict[int, int]:
         return {bucket: view.token for bucket, view in self._views.items()}
@@ -442,7 +549,17 @@ class DueBook:
             return False  # held back, a backlog behind it: read on once it is taken
         if view.full and not view.docs:
             return True  # the backlog behind the last read
+        if view.quiet:
+            # Told of anything sooner: read once the next due time is
+            # within a refresh interval (the look-ahead of every read).
+            return view.next_at is not None and view.next_at <= now + timedelta(
+                seconds=self.refresh
+            )
         return monotonic - view.read_at >= self.refresh
+
+
+def _earliest(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None or b < a else a
 
 
 def _holds_due(view: _View, now: datetime) -> bool:

@@ -4,8 +4,10 @@ holds leases on (DESIGN.md "Bucket poller").
 One loop serves all held buckets, and reads them one by one through a book
 of what it knows of each (``due_book.py``): a bucket is read when it was
 just gained, when a hint says it holds work sooner than its view, when its
-cached due work ran out behind a full read, or once a poll interval when it
-is idle. So a node reads its own buckets only, a bucket with work in hand
+cached due work ran out behind a full read, and when it is idle: just
+before its next due time while the store's change feed tells of every write
+that could make work due sooner (``due_feed.py``), else once a poll
+interval. So a node reads its own buckets only, a bucket with work in hand
 costs the store nothing until the work is delivered, and the future backlog
 costs nothing at all. Ownership stays per bucket: every write carries that
 bucket's token.
@@ -46,6 +48,8 @@ Each round:
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,6 +61,7 @@ import structlog
 from node.config import NodeConfig
 from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
+from node.delivery.due_feed import DueFeed
 from node.delivery.fairness import fair_share, next_window
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
@@ -79,6 +84,7 @@ from node.store.contract import (
     Attempt,
     Claimed,
     Completion,
+    DueChange,
     Outcome,
     Schedules,
 )
@@ -91,9 +97,14 @@ READ_AHEAD = 4
 # Reads in flight at once (the embedded store serves them one at a time
 # anyway; a real MongoDB serves them in parallel).
 CONCURRENT_READS = 8
-# How often every held bucket is searched for what an older owner left in
-# flight, besides when it is gained (seconds).
-RECOVERY_SWEEP = 30.0
+# Held buckets searched for what an older owner (or a lost round of ours)
+# left in flight, besides when gained: this many a second, in turn, in slices
+# of at least SWEEP_SLICE. A rate, not a period: the sweep costs the store the
+# same a second whatever B (one read a bucket), and a bucket is searched
+# once in held / SWEEP_RATE seconds (64 s for 256 buckets on one node, 17
+# minutes for 4,096; a gained bucket at once).
+SWEEP_RATE = 4.0
+SWEEP_SLICE = 8
 # The default of how long a claim may stay IN_FLIGHT under this node's own
 # token before the sweep takes it for stranded (seconds; see longest_round).
 STRANDED_AFTER = 120.0
@@ -146,8 +157,12 @@ class BucketPoller:
         http_per_host: int = 16,
         dead_letter_url: str = "",
         circuit_open: Callable[[str], bool] | None = None,
+        watch_changes: bool = False,
     ) -> None:
         self.store = store
+        # Follow the store's change feed (WATCH_CHANGES): a bucket with
+        # nothing due is then not read before its next due time.
+        self.feed = DueFeed(store, self) if watch_changes else None
         # Longer than any round can hold a claim (node/process.py derives it
         # from the store's and the broker's deadlines): a schedule IN_FLIGHT
         # under our own token for longer belongs to no round any more.
@@ -187,7 +202,9 @@ class BucketPoller:
         self.monotonic = monotonic
         self._wake = asyncio.Event()
         self._wake_at: datetime | None = None
-        self._swept_at = float("-inf")
+        # The sweep's place: when it last searched, and the last bucket it did.
+        self._swept_at: float | None = None
+        self._swept_last = -1
         self._stopping = False
         self._idle = asyncio.Event()  # set between rounds
         self._idle.set()
@@ -207,11 +224,29 @@ class BucketPoller:
 
     # -- signals from the rest of the node ---------------------------------------
 
-    def hint(self, bucket: int, due_at: datetime) -> None:
-        """A schedule of a held bucket falls due at ``due_at``: wake by then,
-        and read the bucket again if its view would not have seen it."""
-        if self.book.hint(bucket, due_at) or self._wake_at is None or due_at < self._wake_at:
+    def hint(self, bucket: int, due_at: datetime | None, inserted: str | None = None) -> None:
+        """A schedule of a held bucket falls due at ``due_at`` (None: not
+        said): wake by then, and read the bucket again if its view would not
+        have seen it (``DueBook.hint``)."""
+        sooner = self.book.hint(bucket, due_at, inserted)
+        if sooner or self._wake_at is None or (due_at is not None and due_at < self._wake_at):
             self._wake.set()
+
+    # -- the change feed (``due_feed.py``) -----------------------------------------
+
+    def feed_opened(self) -> None:
+        self.book.watch(True)
+        self.metrics.change_feed_open.set(1)
+        self._wake.set()
+
+    def feed_lost(self) -> None:
+        self.book.watch(False)
+        self.metrics.change_feed_open.set(0)
+        self._wake.set()
+
+    def changed(self, change: DueChange) -> None:
+        self.metrics.change_feed_events.inc()
+        self.hint(change.bucket, change.due_at, change.schedule_id if change.inserted else None)
 
     def accepted(self, doc: dict[str, Any]) -> None:
         """This node stored ``doc`` in a held bucket: into the book, and wake
@@ -248,6 +283,16 @@ class BucketPoller:
     # -- the loop -------------------------------------------------------------
 
     async def run(self) -> None:
+        feed = None if self.feed is None else asyncio.create_task(self.feed.run(), name="due-feed")
+        try:
+            await self._loop()
+        finally:
+            if feed is not None:
+                feed.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feed
+
+    async def _loop(self) -> None:
         failures = 0
         while not self._stopping:
             started = self.monotonic()
@@ -350,9 +395,12 @@ class BucketPoller:
         gate = asyncio.Semaphore(CONCURRENT_READS)
 
         async def one(read: Read) -> None:
+            next_at = None
             async with gate:
                 docs = await self.store.find_due(read.bucket, read.until, read.limit, read.after)
-            self.book.learned(read, docs, self.monotonic())
+                if read.peek and len(docs) < read.limit:
+                    next_at = await self.store.next_due(read.bucket, read.until)
+            self.book.learned(read, docs, self.monotonic(), next_at)
 
         await asyncio.gather(*(one(read) for read in reads))
 
@@ -444,28 +492,25 @@ class BucketPoller:
         next_due = self.book.next_due(held, ordered=self.tenant_names is None)
         if next_due is not None:
             delay = min(delay, (next_due - now).total_seconds())
-        next_read = self.book.next_read(now, held, self._stalls(kafka))
+        next_read = self.book.next_read(now, held, self._stalls(kafka), monotonic)
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
         return max(0.0, delay)
 
     async def _recover(self, tokens: dict[int, int], gained: set[int]) -> None:
         """What an older owner left in flight is due again: in the buckets
-        just gained, and in every held one once a sweep interval (a stale
-        owner that claimed after we took over, its lease's deadline missed).
+        just gained, and in the held ones in turn, SWEEP_RATE a second (a
+        stale owner that claimed after we took over, its lease's deadline
+        missed).
         The sweep also takes what our own token has held IN_FLIGHT for longer
         than any round lasts: the safety net under everything a failed round
         keeps for settling (it runs between rounds, so no round of ours is
         working on anything then)."""
-        stranded_before: datetime | None = None
-        if self.monotonic() - self._swept_at >= RECOVERY_SWEEP:
-            self._swept_at = self.monotonic()
-            buckets = tokens
-            stranded_before = self.wall() - self.stranded_after
-        else:
-            buckets = {b: tokens[b] for b in gained}
+        swept = self._sweep_slice(tokens)
+        buckets = {**swept, **{b: tokens[b] for b in gained}}
         if not buckets:
             return
+        stranded_before = self.wall() - self.stranded_after
         recovered = await self.store.recover_in_flight(buckets, stranded_before)
         if recovered:
             self.metrics.recovered.inc(len(recovered))
@@ -475,6 +520,23 @@ class BucketPoller:
                 count=len(recovered),
                 ids=recovered[:20],
             )
+
+    def _sweep_slice(self, tokens: dict[int, int]) -> dict[int, int]:
+        """The held buckets the sweep searches now: as many as SWEEP_RATE
+        owes since the last slice (all, after a long pause), each after the
+        last one searched, in bucket order round the held ones."""
+        now = self.monotonic()
+        if self._swept_at is None:
+            self._swept_at = now  # the buckets held at start are searched as gained
+            return {}
+        owed = int((now - self._swept_at) * SWEEP_RATE)
+        if owed < min(SWEEP_SLICE, len(tokens)) or not tokens:
+            return {}
+        held = sorted(tokens)
+        start = bisect.bisect_right(held, self._swept_last)
+        chosen = (held[start:] + held[:start])[:owed]
+        self._swept_at, self._swept_last = now, chosen[-1]
+        return {b: tokens[b] for b in chosen}
 
     async def _write(self, completions: Sequence[Completion]) -> int:
         """Write completions. What goes back to PENDING (a retry, a chain's
@@ -1072,6 +1134,7 @@ def configured_poller(
         history=history,
         tenant_names=tenant_names if config.fair_tenants else None,
         wall=wall,
+        watch_changes=config.watch_changes,
         # An HTTP call is written by the round after it answers: it holds
         # its claim up to its timeout (at most MAX_TIMEOUT) and a round more.
         stranded_after=longest_round(

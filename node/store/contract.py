@@ -25,7 +25,7 @@ method names below are the ones its callers handle.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -49,6 +49,33 @@ CHANGE_ATTEMPTS = 5
 # BULK_CANCEL_LIMIT in one call (the answer says whether more match).
 BULK_CANCEL_BATCH = 500
 BULK_CANCEL_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class DueChange:
+    """A write that may make work due sooner than a bucket's owner knows: a
+    schedule of ``bucket`` stored PENDING (``inserted``), made PENDING again
+    (a resume, a retry, a put-back, a recovery, a delivery's retry or next
+    occurrence) or given a new due time (a PATCH, a trigger). ``due_at``:
+    when it is due now (None: the write did not say; read the bucket)."""
+
+    bucket: int
+    schedule_id: str
+    due_at: datetime | None
+    inserted: bool
+
+
+class ChangeFeed(Protocol):
+    """The store's stream of ``DueChange``, from the moment it was opened
+    (``Schedules.watch_due``), in the order the writes were made. Iterating
+    raises ``StoreUnavailable`` when the stream breaks (the store restarted,
+    failed over past what the stream could resume, the connection dropped):
+    what was written meanwhile is not told, so the owner reads everything
+    again once a new feed is open."""
+
+    def __aiter__(self) -> AsyncIterator[DueChange]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -295,6 +322,18 @@ class Schedules(Protocol):
         a view that holds everything up to ``after`` lacks), earliest first,
         at most ``limit``, without their large payloads
         (``node/schedule/payload.py``). Reads only; the claim decides."""
+
+    async def next_due(self, bucket: int, after: datetime) -> datetime | None:
+        """When ``bucket``'s earliest PENDING schedule due after ``after`` is
+        due (None: there is none): what a view that read up to ``after``
+        knows of what comes next, so that it need not read again before then
+        (``node/delivery/due_book.py``). Reads index keys only."""
+
+    async def watch_due(self) -> ChangeFeed:
+        """Open the feed of writes that make work due sooner (``DueChange``),
+        for every bucket: from its return on, every such write is told.
+        Raises ``ChangesUnsupported`` when the store has no change streams,
+        ``StoreUnavailable`` when it cannot answer."""
 
     async def find_due_past(
         self,

@@ -23,9 +23,18 @@ one view per node over one table.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -45,8 +54,10 @@ from node.store.contract import (
     Attempt,
     AttemptHistory,
     BucketLeases,
+    ChangeFeed,
     Claimed,
     Completion,
+    DueChange,
     Schedules,
     kept_changing,
 )
@@ -113,19 +124,63 @@ def _store_call(
     return call
 
 
+class MemoryChangeFeed:
+    """``contract.ChangeFeed`` in memory: what ``Documents`` tells of its
+    writes since the feed was opened, in order. ``broken`` ends it as a
+    store's restart would (iterating raises ``StoreUnavailable``)."""
+
+    def __init__(self, documents: Documents) -> None:
+        self._documents = documents
+        self._queue: asyncio.Queue[DueChange | None] = asyncio.Queue()
+
+    def told(self, change: DueChange) -> None:
+        self._queue.put_nowait(change)
+
+    def broken(self) -> None:
+        self._queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[DueChange]:
+        return self._changes()
+
+    async def _changes(self) -> AsyncIterator[DueChange]:
+        while (change := await self._queue.get()) is not None:
+            yield change
+        raise StoreUnavailable("the change feed broke")
+
+    async def close(self) -> None:
+        self._documents.feeds.discard(self)
+
+
 class Documents:
     """The schedule documents, by id and by bucket (a bucket's reads touch
     its own documents only, as an index range would): what a database holds,
-    which several stores (nodes, or views of one) may share."""
+    which several stores (nodes, or views of one) may share; and the change
+    feeds open on it."""
 
     def __init__(self) -> None:
         self.by_id: dict[str, Document] = {}
         self._by_bucket: dict[int, dict[str, Document]] = defaultdict(dict)
+        self.feeds: set[MemoryChangeFeed] = set()
 
     def put(self, doc: Document) -> None:
         kept = stored(doc)
         self.by_id[kept["_id"]] = kept
         self._by_bucket[int(kept["bucket"])][kept["_id"]] = kept
+        if kept.get("status") == Status.PENDING.value:
+            self._tell(kept, inserted=True, due=aware(kept["dueAt"]))
+
+    def break_feeds(self) -> None:
+        """Every open feed ends (a store's restart, a failover)."""
+        for feed in list(self.feeds):
+            feed.broken()
+        self.feeds.clear()
+
+    def _tell(self, doc: Document, *, inserted: bool, due: datetime | None) -> None:
+        # The change stream's filter and projection (``due_changes.PIPELINE``):
+        # stored PENDING, made PENDING, or a new due time.
+        change = DueChange(int(doc["bucket"]), str(doc["_id"]), due, inserted)
+        for feed in self.feeds:
+            feed.told(change)
 
     def remove(self, schedule_id: str) -> None:
         doc = self.by_id.pop(schedule_id)
@@ -175,11 +230,21 @@ class Documents:
         written = 0
         for doc in self._candidates(query):
             if matches(doc, query):
+                before = (doc.get("status"), doc.get("dueAt"))
                 apply(doc, update)
+                self._told_of_update(doc, *before)
                 written += 1
                 if not many:
                     break
         return written
+
+    def _told_of_update(self, doc: Document, status: Any, due_at: Any) -> None:
+        if not self.feeds:
+            return
+        moved = doc.get("dueAt") != due_at
+        if moved or (doc.get("status") == Status.PENDING.value != status):
+            # As a change event: the due time only when the write set it.
+            self._tell(doc, inserted=False, due=aware(doc["dueAt"]) if moved else None)
 
 
 class MemorySchedules(Faults):
@@ -372,6 +437,19 @@ class MemorySchedules(Faults):
         self, bucket: int, until: datetime, limit: int, after: datetime | None = None
     ) -> list[dict[str, Any]]:
         return self._oldest_due(statements.due(bucket, until, after), limit, "due")
+
+    @_store_call
+    async def next_due(self, bucket: int, after: datetime) -> datetime | None:
+        found = self.documents.find(
+            statements.due_after(bucket, after), order=[("dueAt", 1)], limit=1
+        )
+        return aware(found[0]["dueAt"]) if found else None
+
+    @_store_call
+    async def watch_due(self) -> ChangeFeed:
+        feed = MemoryChangeFeed(self.documents)
+        self.documents.feeds.add(feed)
+        return feed
 
     @_store_call
     async def find_due_past(

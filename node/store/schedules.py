@@ -37,19 +37,21 @@ import pymongo
 from pymongo import ASCENDING, ReturnDocument, UpdateMany, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
 from node.errors import (
     BucketCountMismatch,
+    ChangesUnsupported,
     FormatTooNew,
     ReadTimedOut,
     ScheduleConflict,
+    StoreUnavailable,
 )
 from node.schedule.changes import Change, version_of
 from node.schedule.model import NewSchedule, Status
 from node.schedule.payload import payload_size
 from node.schedule.times import aware
-from node.store import statements
+from node.store import due_changes, statements
 from node.store.boundary import DURABLE, store_call
 from node.store.contract import (
     BULK_CANCEL_BATCH,
@@ -57,6 +59,7 @@ from node.store.contract import (
     CHANGE_ATTEMPTS,
     DEFAULT_RETENTION,
     MAX_TENANTS_PER_ROUND,
+    ChangeFeed,
     Claimed,
     Completion,
     kept_changing,
@@ -84,6 +87,9 @@ SLICES = 8
 # more than two statements ahead of each of the round's own (eight added
 # 30-60 ms to every claim and write while a hung host filled every view).
 PAST_READS_AT_ONCE = 2
+# The longest a change stream's getMore waits for a write (ms): below any
+# client deadline (STORE_TIMEOUT is at least 0.5 s), which bounds each one.
+CHANGES_WAIT_MS = 400
 
 
 __all__ = ["MAX_TENANTS_PER_ROUND", "ScheduleStore"]
@@ -520,6 +526,42 @@ class ScheduleStore:
         )
         self.documents_read["due"] += len(docs)
         return docs
+
+    @store_call
+    async def next_due(self, bucket: int, after: datetime) -> datetime | None:
+        """One key of the ``{bucket, status, dueAt}`` index: the projection
+        holds index fields only, so a real MongoDB answers from the index
+        (a covered query) without reading a document."""
+        found = await (
+            self.schedules.find(
+                statements.due_after(bucket, after),
+                {"_id": 0, "dueAt": 1},
+                **self._hint("bucket_status_due"),
+            )
+            .sort("dueAt", ASCENDING)
+            .limit(1)
+            .to_list()
+        )
+        return aware(found[0]["dueAt"]) if found else None
+
+    async def watch_due(self) -> ChangeFeed:
+        """A change stream of the writes that may make work due sooner
+        (``due_changes.py``). Its waits are shorter than the client's
+        deadline (timeoutMS), which bounds each ``getMore``."""
+        try:
+            stream = await self.schedules.watch(
+                due_changes.PIPELINE, max_await_time_ms=CHANGES_WAIT_MS
+            )
+        except OperationFailure as exc:
+            if exc.code == due_changes.NOT_A_REPLICA_SET:
+                raise ChangesUnsupported(
+                    "the store has no change streams (a standalone server): "
+                    "owners poll their buckets"
+                ) from exc
+            raise StoreUnavailable("could not open the schedules' change stream") from exc
+        except PyMongoError as exc:
+            raise StoreUnavailable("could not open the schedules' change stream") from exc
+        return due_changes.MongoChangeFeed(stream, self.bucket_count)
 
     @store_call
     async def find_due_past(

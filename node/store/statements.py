@@ -72,6 +72,11 @@ def due(bucket: int, until: datetime, after: datetime | None = None) -> dict[str
     return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
 
 
+def due_after(bucket: int, after: datetime) -> dict[str, Any]:
+    """``bucket``'s PENDING schedules due after ``after``."""
+    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$gt": after}}
+
+
 def due_past(
     buckets: Iterable[int], until: datetime, skipping: Collection[str | None]
 ) -> dict[str, Any]:

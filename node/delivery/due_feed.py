@@ -1,0 +1,86 @@
+"""Following the store's change feed, so that a bucket with nothing due
+costs the store nothing: the owner is told of every write that may make
+work due sooner than its views know (``contract.DueChange``: a schedule
+stored, made PENDING again, or given a new due time, by any node), and a
+view that knows its bucket's next due time is not read again before then
+(``due_book.py``, quiet views).
+
+Hints between nodes (``hints.py``) stay the fast path; the feed is what
+makes their loss harmless. While the feed is down (not yet open, broken,
+or a store without change streams) every view is refreshed once a poll
+interval, as it would be without one; when it opens again every view is
+read once, since what was written in between was not told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import structlog
+
+from node.errors import ChangesUnsupported, SchedulerError
+from node.store.contract import DueChange, Schedules
+
+log = structlog.get_logger("node.due_feed")
+
+# After the feed fails to open or breaks: the wait before opening it again,
+# doubling from the first to the last (seconds). Meanwhile the owners poll.
+REOPEN_AFTER = 1.0
+REOPEN_AFTER_MAX = 30.0
+
+
+class Watcher(Protocol):
+    """What the feed tells (the poller, ``poller.py``)."""
+
+    def feed_opened(self) -> None: ...
+
+    def feed_lost(self) -> None: ...
+
+    def changed(self, change: DueChange) -> None: ...
+
+
+class DueFeed:
+    def __init__(
+        self,
+        store: Schedules,
+        watcher: Watcher,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.store = store
+        self.watcher = watcher
+        self.sleep = sleep
+        self.open = False
+
+    async def run(self) -> None:
+        """Keep the feed open until cancelled (or the store has none)."""
+        wait = REOPEN_AFTER
+        while True:
+            try:
+                feed = await self.store.watch_due()
+            except ChangesUnsupported as exc:
+                log.warning(
+                    "no change feed: every bucket is read once a poll interval", error=str(exc)
+                )
+                return
+            except SchedulerError as exc:
+                log.warning("could not open the change feed", error=str(exc), retry_in=wait)
+                await self.sleep(wait)
+                wait = min(2 * wait, REOPEN_AFTER_MAX)
+                continue
+            self.open = True
+            self.watcher.feed_opened()
+            try:
+                async for change in feed:
+                    wait = REOPEN_AFTER  # it ran: a later break starts the back-off afresh
+                    self.watcher.changed(change)
+            except SchedulerError as exc:
+                log.warning("the change feed broke; polling until it is back", error=str(exc))
+            finally:
+                self.open = False
+                self.watcher.feed_lost()
+                await feed.close()
+            await self.sleep(wait)
+            wait = min(2 * wait, REOPEN_AFTER_MAX)

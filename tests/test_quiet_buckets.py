@@ -1,0 +1,145 @@
+"""Quiet buckets (``node/delivery/due_feed.py``, ``due_book.py``): with the
+store's change feed open, a bucket with nothing due costs the store no read
+until its next due time, and whatever makes work due sooner (a schedule
+stored by another node, whose hint is lost; a retry; a resume) is still
+delivered on time. Without the feed (broken, or a store without one) every
+idle bucket is read once a poll interval, and a lost hint costs at most that.
+In virtual time on the memory store, whose feed is the twin of MongoDB's
+change stream (``tests/test_store_contract.py`` checks both)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from node.schedule import changes
+from node.store.memory import MemoryLeases, MemorySchedules
+from tests.virtual import Owner, VirtualTime, header, schedule
+
+BUCKETS = 64
+DAY = 86400.0
+
+
+@pytest.fixture
+def time() -> VirtualTime:
+    return VirtualTime()
+
+
+@pytest.fixture
+def schedules(time: VirtualTime) -> MemorySchedules:
+    return MemorySchedules(BUCKETS, time.wall)
+
+
+async def add(schedules: MemorySchedules, time: VirtualTime, schedule_id: str, in_s: float) -> Any:
+    """Store a schedule due ``in_s`` seconds from now, as another node's API
+    would: no hint reaches the owner."""
+    due = time.at(time.elapsed + in_s)
+    doc, _ = await schedules.insert(schedule(schedule_id, due, time.wall()), time.wall())
+    return doc
+
+
+@pytest.fixture
+async def owner(time: VirtualTime, schedules: MemorySchedules) -> AsyncIterator[Owner]:
+    """One node holding every bucket, following the change feed; a year of
+    work stored days ahead in every bucket."""
+    for n in range(4 * BUCKETS):
+        await add(schedules, time, f"later-{n}", DAY * (1 + n % 30))
+    node = Owner("a", time, schedules, MemoryLeases("", time.wall), watch_changes=True)
+    await node.take(range(BUCKETS))
+    await node.open_feed()
+    yield node
+    await node.close_feed()
+
+
+def reads(schedules: MemorySchedules) -> int:
+    return schedules.calls["find_due"] + schedules.calls["next_due"]
+
+
+def lateness(node: Owner, schedule_id: str, due: Any) -> float:
+    [at] = [
+        at
+        for record, at in zip(node.publisher.records, node.publisher.published_at, strict=True)
+        if header(record, "schedule-id") == schedule_id
+    ]
+    return (at - due).total_seconds()
+
+
+async def test_a_bucket_with_nothing_due_is_not_read_again(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner
+) -> None:
+    await owner.run(2.0)  # every bucket read once (gained, then the feed opened)
+    first = reads(schedules)
+    assert first > 0
+    await owner.run(600.0)
+    assert reads(schedules) == first
+    # The same cluster polling (no feed) reads every bucket once a second.
+    polling = Owner("p", time, schedules, MemoryLeases("", time.wall))
+    await polling.take(range(BUCKETS))
+    await polling.run(2.0)
+    before = reads(schedules)
+    await polling.run(60.0)
+    assert reads(schedules) - before >= 59 * BUCKETS
+
+
+async def test_a_schedule_stored_before_the_feed_opened_is_read_at_its_due_time(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner
+) -> None:
+    """What was stored before is known from the read's peek: its next due
+    time, the only time the view is read again."""
+    await owner.run(2.0)
+    first = reads(schedules)
+    doc = await add(schedules, time, "soon", 40.0)  # told by the feed: not a read
+    await owner.run(30.0)
+    assert reads(schedules) == first
+    await owner.run(15.0)
+    assert lateness(owner, "soon", doc["dueAt"]) == 0.0
+    assert reads(schedules) - first <= 2  # its bucket: the read, and the peek after it
+
+
+async def test_a_schedule_whose_hint_is_lost_is_delivered_on_time(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner
+) -> None:
+    """Another node stored it due at once and its hint never came: the feed
+    told."""
+    await owner.run(5.0)
+    doc = await add(schedules, time, "now", 0.0)
+    await owner.run(1.0)
+    assert lateness(owner, "now", doc["dueAt"]) == 0.0
+
+
+async def test_without_the_feed_a_lost_hint_costs_at_most_a_poll_interval(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner
+) -> None:
+    await owner.run(5.0)
+    schedules.documents.break_feeds()  # a store restart ends every stream
+    await owner.run(0.5)
+    assert owner.poller.feed is not None and not owner.poller.feed.open
+    doc = await add(schedules, time, "lost", 0.0)
+    await owner.run(2.0)
+    assert 0.0 < lateness(owner, "lost", doc["dueAt"]) <= 1.0  # POLL_INTERVAL
+    # The feed comes back (REOPEN_AFTER), every view is read once, then quiet.
+    await owner.run(5.0)
+    assert owner.poller.feed.open
+    settled = reads(schedules)
+    await owner.run(120.0)
+    assert reads(schedules) == settled
+
+
+async def test_a_retry_and_a_resume_go_out_on_time_from_a_quiet_bucket(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner
+) -> None:
+    await owner.run(5.0)
+    owner.publisher.refuse["flaky"] = 1
+    flaky = await add(schedules, time, "flaky", 10.0)
+    held = await add(schedules, time, "held", 10.0)
+    await schedules.change("held", lambda d: changes.pause(d, time.wall()), time.wall())
+    await owner.run(20.0)
+    assert [header(r, "schedule-id") for r in owner.publisher.records] == ["flaky"]
+    assert header(owner.publisher.records[0], "attempt") == "2"  # the retry, from the feed
+    assert lateness(owner, "flaky", flaky["dueAt"]) > 0
+    await schedules.change("held", lambda d: changes.resume(d, time.wall()), time.wall())
+    await owner.run(1.0)  # no hint: the feed tells of the resume
+    # Due 10 s before its resume: out at the resume, not a poll interval later.
+    assert lateness(owner, "held", held["dueAt"]) == pytest.approx(10.0, abs=0.01)
