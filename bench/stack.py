@@ -116,11 +116,16 @@ def embedded_servers(prefix: str) -> Iterator[Servers]:
 
 
 def documents(
-    due: Sequence[datetime], topic: str, prefix: str, tenant: str = "default"
+    due: Sequence[datetime],
+    topic: str,
+    prefix: str,
+    tenant: str = "default",
+    *,
+    buckets: int = BUCKETS,
 ) -> list[dict[str, Any]]:
     """One schedule per due time to Kafka ``topic``, shaped exactly as POST
-    /v1/schedules stores it."""
-    return _documents(due, [{"topic": topic}] * len(due), prefix, tenant)
+    /v1/schedules stores it in a database of ``buckets`` buckets."""
+    return _documents(due, [{"topic": topic}] * len(due), prefix, tenant, buckets)
 
 
 def http_documents(
@@ -141,7 +146,11 @@ def http_documents(
 
 
 def _documents(
-    due: Sequence[datetime], destinations: Sequence[dict[str, Any]], prefix: str, tenant: str
+    due: Sequence[datetime],
+    destinations: Sequence[dict[str, Any]],
+    prefix: str,
+    tenant: str,
+    buckets: int = BUCKETS,
 ) -> list[dict[str, Any]]:
     now = datetime.now(UTC)
     docs = []
@@ -155,7 +164,7 @@ def _documents(
                 "tenant": tenant,
             }
         ).encode()
-        docs.append(schedule_document(parse_new_schedule(body, LIMITS, now), BUCKETS, now))
+        docs.append(schedule_document(parse_new_schedule(body, LIMITS, now), buckets, now))
     return docs
 
 

@@ -60,6 +60,18 @@ class Scheduler(System):
     cluster: LocalCluster | None = None
 
     async def start(self, servers: Servers, database: str, processes: int) -> None:
+        cluster = await self.start_nodes(servers, database, processes)
+        # Started once every bucket is held where the views place it.
+        deadline = time.monotonic() + 120
+        while not await asyncio.to_thread(cluster.settled):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster did not settle:\n" + cluster.describe())
+            await asyncio.sleep(0.2)
+
+    async def start_nodes(self, servers: Servers, database: str, processes: int) -> LocalCluster:
+        """The node processes, one after the other, each seeded by the ones
+        before (as a rollout does) and ready (serving, its servers answering)
+        before the next starts; their buckets may still be on the move."""
         cluster = LocalCluster(
             servers.scratch / database,
             env={"LOG_LEVEL": "warning", **self.env},
@@ -67,16 +79,10 @@ class Scheduler(System):
         )
         cluster.database = database
         self.cluster = cluster
-        # One after the other, each seeded by the ones before (as a rollout
-        # does), then wait until every bucket is held where the views place it.
         for i in range(processes):
             cluster.start_node(f"node-{i}")
             await asyncio.to_thread(cluster.wait_ready, f"node-{i}")
-        deadline = time.monotonic() + 120
-        while not await asyncio.to_thread(cluster.settled):
-            if time.monotonic() > deadline:
-                raise RuntimeError("cluster did not settle:\n" + cluster.describe())
-            await asyncio.sleep(0.2)
+        return cluster
 
     def pids(self) -> list[int]:
         assert self.cluster is not None
