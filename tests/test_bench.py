@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from bench import delivery_bench
+from bench import delivery_bench, idle_bench
 from bench.failover_bench import resumption
-from bench.stack import Delivery
+from bench.stack import OPERATION_KINDS, Delivery
 
 
 def test_the_command_line_writes_a_suites_figures(tmp_path: Path) -> None:
@@ -171,3 +171,39 @@ def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
     assert [v for k, v in verdicts.items() if k.startswith("burst throughput")] == [True, True]
     assert [v for k, v in verdicts.items() if "first record" in k] == [True, False]
     assert [v for k, v in verdicts.items() if k.startswith("future backlog")] == [True, False]
+
+
+def test_the_idle_suite_sets_each_bucket_count_over_the_first_at_the_same_n() -> None:
+    def row(n: int, b: int, ops: float, store: float, nodes: float, held: int) -> Any:
+        return {
+            "processes": n,
+            "buckets": b,
+            "leases": {
+                "held": held,
+                "held_s": 2.0 if held == b else None,
+                "settled_s": 2.5 if held == b else None,
+                "held_at_end": held,
+            },
+            "nodes_alive_at_end": n,
+            "store_ops_per_s_total": ops,
+            "store_ops_per_s": {k: ops / 6 for k in (*OPERATION_KINDS, "requests")},
+            "store_cpu_per_s": store,
+            "node_cpu_per_s": nodes,
+        }
+
+    plan = dataclasses.asdict(idle_bench.QUICK)
+    result: dict[str, Any] = {
+        "plan": plan,
+        "runs": [row(1, 256, 10, 0.1, 0.2, 256), row(1, 4096, 40, 0.5, 0.4, 4096),
+                 row(3, 256, 30, 0.3, 0.6, 256), row(3, 4096, 60, 0.6, 1.8, 1000)],
+    }  # fmt: skip
+    result["ratios"] = idle_bench.ratios(result)
+    assert result["ratios"]["1"]["4096"] == pytest.approx(
+        {"store_ops_per_s_total": 4.0, "store_cpu_per_s": 5.0, "node_cpu_per_s": 2.0}
+    )
+    assert result["ratios"]["3"]["4096"]["node_cpu_per_s"] == pytest.approx(3.0)
+    text = idle_bench.render(result)
+    assert "leases held: 4096/4096 after 2.0 s, settled after 2.5 s" in text
+    # A run whose leases did not all come says so, with its deadline.
+    assert f"leases held: 1000/4096: NOT all held after {plan['lease_deadline']:g} s" in text
+    assert "N=3, B=4096 over B=256: store ops/s 2.00x" in text

@@ -1,0 +1,298 @@
+"""``python -m bench idle``: what a cluster with nothing due costs the
+store, at 256 buckets and at 4,096.
+
+For N = 1 and 3 node processes and B = 256 and 4,096 buckets (BUCKETS, pinned
+in the database at first use, so each run has a fresh database of its own):
+
+* 100,000 schedules PENDING, due 1 to 30 days ahead, stored as the API
+  stores them, with the node's indexes in place;
+* the nodes started one after the other, then a wait, with a deadline, until
+  every bucket's lease is held (unexpired in the ``buckets`` collection) and
+  each with the owner the nodes' views place it on: its seconds from the
+  first node's start, or how many were held when the deadline passed (the
+  run goes on with whatever holds: the figures are then of fewer buckets
+  worked, and the table says so);
+* a few seconds to settle, then a window in which nothing falls due: the
+  store's operations per second by kind (serverStatus opcounters: round
+  trips, not documents), the store's CPU seconds per second and the nodes'
+  (summed over them).
+
+The ratios are B = 4,096 over B = 256 at the same N: what more buckets cost
+a cluster doing nothing (each held bucket is a lease to renew and a view of
+due work to keep). Ratios within the run only: the machine is shared, the
+store is one Python process, and the figures of one run are not another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pymongo import AsyncMongoClient
+
+from bench.delivery_bench import machine
+from bench.stack import (
+    OPERATION_KINDS,
+    Servers,
+    cpu_of,
+    documents,
+    embedded_servers,
+    insert,
+    iso,
+    operations_between,
+    store_operations,
+)
+from bench.systems import Scheduler
+from bench.workloads import ratio
+from chaos.lab.cluster import LocalCluster
+from node.store.schedules import ScheduleStore
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: tuple[int, ...]  # node processes
+    buckets: tuple[int, ...]  # BUCKETS; the first is what the others are set over
+    pending: int  # schedules waiting, none due during the run
+    first_day: float  # they fall due evenly from this many days ahead ...
+    last_day: float  # ... to this many
+    # Seconds from the first node's start for every lease to be held where
+    # it is placed; past it the run is measured as it stands.
+    lease_deadline: float
+    settle: float  # seconds between the leases held and the window
+    window: float  # seconds measured
+
+
+FULL = Plan(
+    nodes=(1, 3),
+    buckets=(256, 4096),
+    pending=100_000,
+    first_day=1,
+    last_day=30,
+    lease_deadline=60,
+    settle=5,
+    window=20,
+)
+# A smoke run: the four runs, the ratios computed, in about four minutes here
+# (a B = 4,096 run whose leases never all come spends the whole deadline).
+QUICK = Plan(
+    nodes=(1, 3),
+    buckets=(256, 4096),
+    pending=10_000,
+    first_day=1,
+    last_day=30,
+    lease_deadline=60,
+    settle=2,
+    window=5,
+)
+# How often the wait asks the store how many leases are held.
+LEASE_POLL = 0.25
+
+Client = AsyncMongoClient[dict[str, Any]]
+
+
+def later(plan: Plan, now: datetime) -> list[datetime]:
+    """``plan.pending`` due times, evenly from ``first_day`` to ``last_day`` ahead."""
+    first = now + timedelta(days=plan.first_day)
+    step = timedelta(days=plan.last_day - plan.first_day) / max(plan.pending - 1, 1)
+    return [first + i * step for i in range(plan.pending)]
+
+
+async def load(client: Client, database: str, buckets: int, docs: list[dict[str, Any]]) -> None:
+    """A fresh ``database`` as the API leaves it: the bucket count pinned and
+    the node's indexes created by the node's own start-up step (so the nodes
+    find them in place, not built over 100,000 documents while they start),
+    then ``docs`` inserted through those indexes."""
+    await ScheduleStore(client[database], buckets).prepare(datetime.now(UTC))
+    await insert(client[database]["schedules"], docs)
+
+
+async def held_leases(client: Client, database: str) -> int:
+    """Leases unexpired now. A release sets ``expiresAt`` to the epoch
+    (node/store/leases.py), so an unexpired lease has an owner. The store
+    runs on this machine: its clock is ours."""
+    leases = client[database]["buckets"]
+    return await leases.count_documents({"expiresAt": {"$gt": datetime.now(UTC)}})
+
+
+async def wait_for_leases(
+    client: Client,
+    database: str,
+    cluster: LocalCluster,
+    buckets: int,
+    started: float,
+    deadline: float,
+) -> dict[str, Any]:
+    """Wait until all ``buckets`` leases are held and the cluster has settled
+    (each bucket with its placed owner), or until the monotonic ``deadline``.
+    Seconds are from ``started``; None for what did not happen in time."""
+    held_s: float | None = None
+    while True:
+        held = await held_leases(client, database)
+        at = time.monotonic()
+        if held == buckets:
+            held_s = at - started if held_s is None else held_s
+            # Asked only once all are held: each answer reads every lease.
+            if await asyncio.to_thread(cluster.settled):
+                return {"held": held, "held_s": held_s, "settled_s": at - started}
+        if at >= deadline:
+            return {"held": held, "held_s": held_s, "settled_s": None}
+        await asyncio.sleep(LEASE_POLL)
+
+
+async def measure(
+    servers: Servers, plan: Plan, processes: int, buckets: int, docs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One cluster of ``processes`` nodes and ``buckets`` buckets over ``docs``,
+    on a database of its own, dropped after."""
+    database = f"idle_n{processes}_b{buckets}"
+    print(f"  N={processes} B={buckets}: loading {len(docs):,} ...", flush=True)
+    system = Scheduler(env={"BUCKETS": str(buckets)})
+    try:
+        async with servers.client() as client:
+            await load(client, database, buckets, docs)
+            started = time.monotonic()
+            cluster = await system.start_nodes(servers, database, processes)
+            ready_s = time.monotonic() - started
+            deadline = started + plan.lease_deadline
+            leases = await wait_for_leases(client, database, cluster, buckets, started, deadline)
+        print(f"    {lease_text(leases, buckets, plan.lease_deadline)}", flush=True)
+        await asyncio.sleep(plan.settle)
+        window = await idle_window(servers, system.pids(), plan.window)
+        alive = sum(node.alive for node in cluster.nodes.values())
+        async with servers.client() as client:
+            leases["held_at_end"] = await held_leases(client, database)
+    finally:
+        system.stop()
+        async with servers.client() as client:
+            await client.drop_database(database)
+    return {
+        "processes": processes,
+        "buckets": buckets,
+        "pending": len(docs),
+        "nodes_ready_s": ready_s,
+        "leases": {**leases, "of": buckets, "deadline_s": plan.lease_deadline},
+        "nodes_alive_at_end": alive,
+        **window,
+    }
+
+
+async def idle_window(servers: Servers, node_pids: list[int], seconds: float) -> dict[str, Any]:
+    """The store's operations and the store's and nodes' CPU over ``seconds``,
+    per second."""
+    async with servers.client() as client:
+        ops_before = await store_operations(client)
+        cpu_before = cpu_of([servers.mongo_pid, *node_pids])
+        started = time.monotonic()
+        await asyncio.sleep(seconds)  # the measurement window, not a wait for something
+        cpu_after = cpu_of([servers.mongo_pid, *node_pids])
+        elapsed = time.monotonic() - started
+        ops = operations_between(ops_before, await store_operations(client))
+    used = {pid: cpu_after[pid] - cpu_before[pid] for pid in cpu_before}
+    node_cpu = [used[pid] / elapsed for pid in node_pids]
+    return {
+        "window_s": elapsed,
+        "store_ops_per_s": {kind: count / elapsed for kind, count in ops.items()},
+        # Round trips of every kind; numRequests (``requests``) counts the
+        # same calls again, from the network's side.
+        "store_ops_per_s_total": sum(ops[kind] for kind in OPERATION_KINDS) / elapsed,
+        "store_cpu_per_s": used[servers.mongo_pid] / elapsed,
+        "node_cpu_per_s": sum(node_cpu),
+        "node_cpu_per_s_each": node_cpu,
+    }
+
+
+async def run(plan: Plan) -> dict[str, Any]:
+    rows = []
+    with embedded_servers("bench-idle-") as servers:
+        for buckets in plan.buckets:
+            # The same schedules for every N: a bucket count of their own.
+            due = later(plan, datetime.now(UTC))
+            docs = documents(due, "bench.idle", "idle", buckets=buckets)
+            for processes in plan.nodes:
+                rows.append(await measure(servers, plan, processes, buckets, docs))
+    result: dict[str, Any] = {
+        "suite": "idle",
+        "when": iso(datetime.now(UTC)),
+        "machine": machine(),
+        "plan": asdict(plan),
+        "runs": rows,
+    }
+    result["ratios"] = ratios(result)
+    return result
+
+
+FIGURES = ("store_ops_per_s_total", "store_cpu_per_s", "node_cpu_per_s")
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """N -> B -> figure -> that figure at B over the same at the plan's first
+    B, the same N (NaN where either run is missing)."""
+    base = result["plan"]["buckets"][0]
+    rows = {(r["processes"], r["buckets"]): r for r in result["runs"]}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for n in result["plan"]["nodes"]:
+        for b in result["plan"]["buckets"][1:]:
+            over, under = rows.get((n, b)), rows.get((n, base))
+            out.setdefault(str(n), {})[str(b)] = {
+                f: ratio(over[f], under[f]) if over and under else float("nan") for f in FIGURES
+            }
+    return out
+
+
+def lease_text(leases: dict[str, Any], buckets: int, deadline: float) -> str:
+    """How the wait for the leases ended, deadline and all."""
+    held = f"leases held: {leases['held']}/{buckets}"
+    if leases["held_s"] is None:
+        return f"{held}: NOT all held after {deadline:g} s"
+    if leases["settled_s"] is None:
+        return (
+            f"{held} after {leases['held_s']:.1f} s, NOT each with its placed owner "
+            f"after {deadline:g} s"
+        )
+    return f"{held} after {leases['held_s']:.1f} s, settled after {leases['settled_s']:.1f} s"
+
+
+def render(result: dict[str, Any]) -> str:
+    plan = result["plan"]
+    kinds = [k for k in OPERATION_KINDS if k != "insert"]  # nothing is inserted while idle
+    lines = [
+        f"{plan['pending']:,} pending, due {plan['first_day']:g}-{plan['last_day']:g} days "
+        f"ahead; measured over {plan['window']:g} s, {plan['settle']:g} s after the leases",
+        f"{'N':>2} {'B':>5} {'store ops/s':>11} "
+        + " ".join(f"{k:>8}" for k in kinds)
+        + f" {'store cpu/s':>11} {'nodes cpu/s':>11}  leases (from the first node's start)",
+    ]
+    for r in sorted(result["runs"], key=lambda r: (r["processes"], r["buckets"])):
+        per_kind = r["store_ops_per_s"]
+        lines.append(
+            f"{r['processes']:>2} {r['buckets']:>5} {r['store_ops_per_s_total']:>11,.1f} "
+            + " ".join(f"{per_kind[k]:>8,.1f}" for k in kinds)
+            + f" {r['store_cpu_per_s']:>11.3f} {r['node_cpu_per_s']:>11.3f}  "
+            + lease_text(r["leases"], r["buckets"], plan["lease_deadline"])
+            + _after(r)
+        )
+    lines.append("cpu/s = CPU seconds per second (1.0: one core busy); nodes: summed")
+    base = plan["buckets"][0]
+    for n, by_b in result["ratios"].items():
+        for b, f in by_b.items():
+            lines.append(
+                f"N={n}, B={b} over B={base}: store ops/s {f['store_ops_per_s_total']:.2f}x, "
+                f"store cpu/s {f['store_cpu_per_s']:.2f}x, nodes cpu/s {f['node_cpu_per_s']:.2f}x"
+            )
+    return "\n".join(lines)
+
+
+def _after(r: dict[str, Any]) -> str:
+    """What changed by the window's end: leases lost, a node gone."""
+    notes = []
+    if r["leases"]["held_at_end"] != r["leases"]["held"]:
+        notes.append(f"{r['leases']['held_at_end']} held at the end")
+    if r["nodes_alive_at_end"] != r["processes"]:
+        notes.append(f"only {r['nodes_alive_at_end']} node(s) alive at the end")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+__all__ = ["FULL", "QUICK", "render", "run"]
