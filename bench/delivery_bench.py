@@ -21,6 +21,13 @@ node and no broker. Slow systems are judged on what they delivered within a
 budget after the last due time; their undelivered schedules count as late
 as the cut-off at least.
 
+The store's floor for the same writes: the burst's schedules (already due,
+the node's indexes in place) claimed by one update_many and marked
+DELIVERED by one more, the fields and write concerns the node's own, one
+client, nothing read: records/s and the store's CPU per 1,000 records, and
+one node's burst over it (what the scheduler costs beyond the store's own
+work for the same records).
+
 One node on the memory store (``node/store/memory.py``) with the same
 embedded broker: the burst again, for one node's own ceiling with the store
 out of the way, set beside the embedded store's row of the same run.
@@ -37,6 +44,7 @@ its own calls). ``python -m bench delivery-http`` runs these alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
@@ -46,6 +54,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -60,6 +69,7 @@ from bench.stack import (
     LOOPBACK,
     Servers,
     cpu_of,
+    cpu_seconds,
     documents,
     embedded_servers,
     insert,
@@ -78,10 +88,13 @@ from node.delivery.ownership import Ownership
 from node.delivery.poller import READ_AHEAD, configured_poller
 from node.delivery.sinks.kafka import KafkaPublisher
 from node.metrics import NodeMetrics
-from node.schedule.model import DEFAULT_TENANT
+from node.schedule.model import DEFAULT_TENANT, Status
 from node.schedule.retry import DEFAULT_POLICY
 from node.schedule.times import utcnow
 from node.schedule.webhook import new_secret
+from node.store import statements
+from node.store.boundary import DURABLE
+from node.store.contract import Claimed
 from node.store.history import Attempt, HistoryStore
 from node.store.memory import MemoryHistory, MemoryLeases, MemorySchedules
 from node.store.schedules import ScheduleStore
@@ -400,27 +413,63 @@ class Runner:
         return rows
 
 
+@contextlib.asynccontextmanager
+async def due_burst(
+    servers: Servers, database: str, count: int
+) -> AsyncIterator[tuple[ScheduleStore, list[dict[str, Any]]]]:
+    """``count`` schedules already due in a fresh ``database`` as a node's
+    start-up prepares it (the bucket count pinned, the node's indexes:
+    node/store/documents.py INDEXES), and no other client: the store and
+    the documents stored. The database is dropped after."""
+    async with servers.client() as client:
+        store = ScheduleStore(client[database], BUCKETS)
+        await store.prepare(datetime.now(UTC))
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        docs = documents([due] * count, "limit", database)
+        await insert(store.schedules, docs)
+        try:
+            yield store, docs
+        finally:
+            await client.drop_database(database)
+
+
+class StoreCosts:
+    """Wall seconds and the store's CPU seconds from its creation on."""
+
+    def __init__(self, servers: Servers) -> None:
+        self.store_pid = servers.mongo_pid
+        self.started = time.perf_counter()
+        self.cpu = cpu_seconds(self.store_pid)
+
+    def of(self, records: int) -> dict[str, Any]:
+        """What ``records`` cost until now: per second, and store CPU per 1,000."""
+        elapsed = time.perf_counter() - self.started
+        cpu = cpu_seconds(self.store_pid) - self.cpu
+        return {
+            "records": records,
+            "seconds": elapsed,
+            "records_per_s": records / elapsed,
+            "store_cpu_s_per_1000": cpu * 1000 / max(records, 1),
+        }
+
+
 async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, Any]:
     """The scheduler's poller queries for ``count`` due schedules, back to back:
     find due, claim, mark delivered (and write the history records), with no
     node, no broker and no other client: what the store allows for this work."""
     database = f"store_limit_{'history' if history else 'bare'}"
-    async with servers.client() as client:
-        store = ScheduleStore(client[database], BUCKETS)
-        await store.prepare(datetime.now(UTC))
+    async with due_burst(servers, database, count) as (store, _):
         history_store = HistoryStore(
-            client[database]["history"], retention=timedelta(days=7), cap=100
+            store.database["history"], retention=timedelta(days=7), cap=100
         )
         await history_store.prepare()
-        due = datetime.now(UTC) - timedelta(seconds=1)
-        await insert(store.schedules, documents([due] * count, "limit", "limit"))
         tokens = dict.fromkeys(range(BUCKETS), 1)
         seconds: dict[str, float] = defaultdict(float)
         done = 0
         # The poller's reads exactly: what its book asks for, bucket by bucket.
         book = DueBook(refresh=1.0, budget=500 * READ_AHEAD)
         book.sync(tokens)
-        started = time.perf_counter()
+        costs = StoreCosts(servers)
         while True:
             t = time.perf_counter()
             now = datetime.now(UTC)
@@ -448,14 +497,43 @@ async def store_limit(servers: Servers, count: int, history: bool) -> dict[str, 
                 ]  # fmt: skip
                 await history_store.write(attempts)
                 seconds["history"] += time.perf_counter() - t
-        elapsed = time.perf_counter() - started
-        await client.drop_database(database)
+        figures = costs.of(done)
+    return {"history": history, **figures, "seconds_by_query": dict(seconds)}
+
+
+async def store_floor(servers: Servers, count: int) -> dict[str, Any]:
+    """The store's own floor for a burst's delivery writes, with no scheduler:
+    ``count`` due schedules claimed (PENDING -> IN_FLIGHT) by ONE update_many
+    and marked DELIVERED by ONE more, each writing the very fields the
+    node's claim and mark write (node/store/statements.py), the mark at the
+    node's write concern (journaled, majority); one client, back to back,
+    nothing read. The collection holds the burst only, so the status filters
+    walk exactly the records written. Timed from the claim's start (every
+    record is due before it) to the mark's end."""
+    async with due_burst(servers, "store_floor", count) as (store, docs):
+        token = 1
+        costs = StoreCosts(servers)
+        t = time.perf_counter()
+        now = datetime.now(UTC)
+        claimed = await store.schedules.update_many(
+            {"status": Status.PENDING.value, "dueAt": {"$lte": now}},
+            statements.claim_update(token, "bench", now),
+        )
+        claim_s = time.perf_counter() - t
+        # A delivered one-shot schedule's mark: the same update for each,
+        # as the node's complete() groups them.
+        done = DELIVERED.delivered(Claimed(docs[0], token), datetime.now(UTC))
+        t = time.perf_counter()
+        marked = await store.schedules.with_options(write_concern=DURABLE).update_many(
+            {"status": Status.IN_FLIGHT.value},
+            statements.completion_update(done, store.retention),
+        )
+        mark_s = time.perf_counter() - t
+        figures = costs.of(marked.modified_count)
     return {
-        "history": history,
-        "records": done,
-        "seconds": elapsed,
-        "records_per_s": done / elapsed,
-        "seconds_by_query": dict(seconds),
+        **figures,
+        "claimed": claimed.modified_count,
+        "seconds_by_write": {"claim": claim_s, "mark_delivered": mark_s},
     }
 
 
@@ -705,6 +783,8 @@ def figure(row: dict[str, Any], name: str) -> float:
         return float(row["store_ops_per_record"])
     if name == "cpu_per_1000":
         return float(row["cpu_s_per_1000"]["processes_total"])
+    if name == "store_cpu_per_1000":
+        return float(row["cpu_s_per_1000"]["store"])
     raise KeyError(name)
 
 
@@ -744,7 +824,16 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
     history = result.get("burst_without_history")
     memory = result.get("memory_store") or {}
     embedded = pick(rows, ours, 1, "burst")
+    floor = result["store_floor"]
     return {
+        # One node's burst over the same writes made raw: what the
+        # scheduler's reads, statements and rounds cost beyond the store's own.
+        "burst_over_store_floor": {
+            "records_per_s": ratio(one, floor["records_per_s"]),
+            "store_cpu_per_record": ratio(
+                figure(embedded, "store_cpu_per_1000"), floor["store_cpu_s_per_1000"]
+            ),
+        },
         "http_over_kafka": http_over_kafka(rows, result["plan"]),
         # One node's burst on the memory store over the same on the embedded
         # store, this run: what the store costs a node's ceiling.
@@ -826,6 +915,8 @@ async def run(plan: Plan) -> dict[str, Any]:
             "with_history": await store_limit(servers, plan.burst, history=True),
             "without_history": await store_limit(servers, plan.burst, history=False),
         }
+        print("store floor for the same writes (one update_many each) ...", flush=True)
+        result["store_floor"] = await store_floor(servers, plan.burst)
         runner = Runner(servers)
         for n in plan.nodes:
             print(f"this scheduler, {n} node(s):", flush=True)
@@ -876,10 +967,16 @@ def _ms(value: float) -> str:
 
 def render(result: dict[str, Any]) -> str:
     limit = result["store_limit"]
+    floor = result["store_floor"]
     lines = [
         f"store limit, the poller's queries back to back: "
         f"{limit['with_history']['records_per_s']:,.0f} records/s with history, "
-        f"{limit['without_history']['records_per_s']:,.0f} without",
+        f"{limit['without_history']['records_per_s']:,.0f} without "
+        f"(store CPU s per 1,000: {limit['with_history']['store_cpu_s_per_1000']:.2f}, "
+        f"{limit['without_history']['store_cpu_s_per_1000']:.2f})",
+        f"store floor, the same writes raw (one update_many to claim, one to mark, no reads): "
+        f"{floor['records_per_s']:,.0f} records/s, store CPU s per 1,000: "
+        f"{floor['store_cpu_s_per_1000']:.2f}",
         *_table(result),
         *_ratio_lines(result["ratios"]),
         *_http_lines(result),
@@ -940,6 +1037,11 @@ def _ratio_lines(ratios: dict[str, Any]) -> list[str]:
         "burst over the store limit: "
         + ", ".join(f"N={n}: {v:.2f}" for n, v in ratios["burst_over_store_limit"].items()),
     ]
+    floor = ratios["burst_over_store_floor"]
+    lines.append(
+        f"1 node's burst over the store floor: rec/s {floor['records_per_s']:.2f}x, "
+        f"store CPU per record {floor['store_cpu_per_record']:.2f}x"
+    )
     memory = ratios.get("memory_over_embedded_store")
     if memory and not math.isnan(memory["records_per_s"]):
         lines.append(

@@ -16,7 +16,8 @@ import pytest
 
 from bench import delivery_bench, idle_bench
 from bench.failover_bench import resumption
-from bench.stack import OPERATION_KINDS, Delivery
+from bench.stack import OPERATION_KINDS, Delivery, Servers
+from tests.conftest import EmbeddedServers
 
 
 def test_the_command_line_writes_a_suites_figures(tmp_path: Path) -> None:
@@ -171,6 +172,19 @@ def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
     assert [v for k, v in verdicts.items() if k.startswith("burst throughput")] == [True, True]
     assert [v for k, v in verdicts.items() if "first record" in k] == [True, False]
     assert [v for k, v in verdicts.items() if k.startswith("future backlog")] == [True, False]
+
+
+def test_the_store_floor_claims_and_marks_every_record_in_one_statement_each(
+    servers: EmbeddedServers,
+) -> None:
+    stack = Servers(
+        servers.mongo_uri, servers.kafka_bootstrap, servers.data_dir.parent, servers.mongo.pid, 0
+    )
+    floor = asyncio.run(delivery_bench.store_floor(stack, 120))
+    # A filter or an update off the node's fields would write fewer (or none).
+    assert (floor["claimed"], floor["records"]) == (120, 120)
+    assert floor["records_per_s"] > 0 and floor["store_cpu_s_per_1000"] >= 0
+    assert set(floor["seconds_by_write"]) == {"claim", "mark_delivered"}
 
 
 def test_the_idle_suite_sets_each_bucket_count_over_the_first_at_the_same_n() -> None:

@@ -68,7 +68,7 @@ def row(system: str, n: int, workload: str, rps: float, p99: float) -> dict[str,
         "records_per_s": rps,
         "lateness_s": {"p50": p99 / 2, "p99": p99, "max": p99},
         "store_ops_per_record": 3.0,
-        "cpu_s_per_1000": {"processes_total": 1.0},
+        "cpu_s_per_1000": {"processes_total": 1.0, "store": 8.0},
     }
 
 
@@ -85,6 +85,7 @@ def synthetic(scheduler_three: float) -> dict[str, Any]:
         "runs": runs,
         "plan": {"nodes": [1, 3], "baseline_nodes": [1], "baselines": ["fetch"]},
         "store_limit": {"with_history": {"records_per_s": 200.0}},
+        "store_floor": {"records_per_s": 400.0, "store_cpu_s_per_1000": 2.0},
     }
 
 
@@ -94,6 +95,9 @@ def test_ratios_and_aims_from_a_run() -> None:
     ratios = result["ratios"]
     assert ratios["scaling_over_one_node"] == {1: 1.0, 3: 1.9}
     assert ratios["burst_over_store_limit"][1] == 0.5
+    # One node's burst over the same writes made raw: a quarter of their
+    # pace, four times the store's CPU per record.
+    assert ratios["burst_over_store_floor"] == {"records_per_s": 0.25, "store_cpu_per_record": 4.0}
     fetch = ratios["ours_over_baseline"]["fetch"]["1"]
     assert fetch["burst"]["records_per_s"] == 2.5
     assert fetch["spread"]["lateness_p99"] == pytest.approx(0.2)
