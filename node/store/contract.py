@@ -324,9 +324,12 @@ class Schedules(Protocol):
         (``node/schedule/payload.py``). Reads only; the claim decides."""
 
     async def next_due(self, bucket: int, after: datetime) -> datetime | None:
-        """When ``bucket``'s earliest PENDING schedule due after ``after`` is
-        due (None: there is none): what a view that read up to ``after``
-        knows of what comes next, so that it need not read again before then
+        """A time no later than when ``bucket``'s earliest PENDING schedule
+        due after ``after`` is due: that due time itself where the store can
+        answer it cheaply (MongoDB), else a bound before which there is none
+        (the embedded server, ``schedules.PEEK_WINDOWS``); None: there is
+        none at all. What a view that read up to ``after`` knows of what
+        comes next, so that it need not read again before then
         (``node/delivery/due_book.py``). Reads index keys only."""
 
     async def watch_due(self) -> ChangeFeed:

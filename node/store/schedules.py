@@ -90,6 +90,9 @@ PAST_READS_AT_ONCE = 2
 # The longest a change stream's getMore waits for a write (ms): below any
 # client deadline (STORE_TIMEOUT is at least 0.5 s), which bounds each one.
 CHANGES_WAIT_MS = 400
+# The embedded store's peeks at a bucket's next due time, each bounded to
+# this far after the view's bound (``next_due``).
+PEEK_WINDOWS = (timedelta(minutes=1), timedelta(hours=4))
 
 
 __all__ = ["MAX_TENANTS_PER_ROUND", "ScheduleStore"]
@@ -531,13 +534,27 @@ class ScheduleStore:
     async def next_due(self, bucket: int, after: datetime) -> datetime | None:
         """One key of the ``{bucket, status, dueAt}`` index: the projection
         holds index fields only, so a real MongoDB answers from the index
-        (a covered query) without reading a document."""
+        (a covered query) without reading a document.
+
+        The embedded SecantusDB reads every entry of the range before it
+        applies the limit (7 ms a bucket for 390 schedules days ahead,
+        against 0.3 ms for a due read): there the range is bounded, first
+        to a minute ahead (where a busy bucket's next schedule is), then to
+        PEEK_HORIZON, and finding none answers the horizon itself, a time
+        before which there is none (the contract's lower bound: the view
+        looks again then)."""
+        if not self.sliced:
+            return await self._next_due(statements.due_after(bucket, after))
+        for window in PEEK_WINDOWS:
+            bound = after + window
+            found = await self._next_due(statements.due_after(bucket, after, bound))
+            if found is not None:
+                return found
+        return bound
+
+    async def _next_due(self, query: dict[str, Any]) -> datetime | None:
         found = await (
-            self.schedules.find(
-                statements.due_after(bucket, after),
-                {"_id": 0, "dueAt": 1},
-                **self._hint("bucket_status_due"),
-            )
+            self.schedules.find(query, {"_id": 0, "dueAt": 1}, **self._hint("bucket_status_due"))
             .sort("dueAt", ASCENDING)
             .limit(1)
             .to_list()

@@ -72,9 +72,12 @@ def due(bucket: int, until: datetime, after: datetime | None = None) -> dict[str
     return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
 
 
-def due_after(bucket: int, after: datetime) -> dict[str, Any]:
-    """``bucket``'s PENDING schedules due after ``after``."""
-    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": {"$gt": after}}
+def due_after(bucket: int, after: datetime, until: datetime | None = None) -> dict[str, Any]:
+    """``bucket``'s PENDING schedules due after ``after`` (and by ``until``)."""
+    window: dict[str, Any] = {"$gt": after}
+    if until is not None:
+        window["$lte"] = until
+    return {"bucket": bucket, "status": Status.PENDING.value, "dueAt": window}
 
 
 def due_past(
