@@ -486,6 +486,7 @@ class Node:
 
     async def _prepare_store(self) -> None:
         await self.store.prepare(utcnow())
+        await self.delivery_store.learn_server()
         await self.tenants.prepare()
         if self.history_writer is not None:
             await self.history.prepare()

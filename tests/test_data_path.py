@@ -17,6 +17,7 @@ from pymongo import monitoring
 from pymongo.errors import OperationFailure
 
 from node.process import Node
+from node.store.schedules import ScheduleStore
 from ring import bucket_for
 from tests.conftest import (
     EmbeddedServers,
@@ -140,6 +141,10 @@ async def test_every_command_on_schedules_names_its_bucket(
             node.publisher, topic, {"retried": 1, "dead": 2}
         )
         handle = await start_node(node)
+        # The owner's store knows the server as the API's does (the embedded
+        # one gets statements it can bound, from both).
+        assert isinstance(node.store, ScheduleStore)
+        assert node.delivery_store.sliced and node.store.sliced
         now = datetime.now(UTC)
 
         async def post(body: dict[str, Any]) -> dict[str, Any]:

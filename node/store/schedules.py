@@ -167,7 +167,7 @@ class ScheduleStore:
     @store_call
     async def prepare(self, now: datetime) -> None:
         """Pin the bucket count and create indexes; both idempotent."""
-        self.sliced = await self.embedded()
+        await self.learn_server()
         await self._pin_bucket_count(now)
         existing = await self.schedules.index_information()
         for name in SUPERSEDED_INDEXES:
@@ -204,6 +204,13 @@ class ScheduleStore:
             )
 
     @store_call
+    @store_call
+    async def learn_server(self) -> None:
+        """Learn which server this is (``sliced``): every instance must, the
+        owner's as well as the API's, or the embedded server gets the
+        statements it cannot bound."""
+        self.sliced = await self.embedded()
+
     async def embedded(self) -> bool:
         """Whether the server is the embedded SecantusDB (its buildInfo says so)."""
         info = await self.database.client.admin.command("buildInfo")
