@@ -76,8 +76,8 @@ class Read:
     # Only what is due after this: the view holds everything due up to it,
     # and what is read is added to the view rather than replacing it.
     after: datetime | None = None
-    # Made while the change feed was open (``DueBook.watch``): when it comes
-    # back short of its limit, ask when the bucket's next schedule after
+    # Made while the change feed was open (``DueBook.watch``): when it finds
+    # nothing (a whole read), ask when the bucket's next schedule after
     # ``until`` is due (``Schedules.next_due``), and the view goes quiet
     # until then. ``epoch``: the feed's, when the read was made.
     peek: bool = False
@@ -233,9 +233,12 @@ class DueBook:
         docs: Sequence[Doc],
         monotonic: float,
         next_at: datetime | None = None,
+        *,
+        peeked: bool = False,
     ) -> None:
-        """A read came back: it is the bucket's view now. ``next_at``: the
-        answer of its peek (``Read.peek``, asked when it came back short)."""
+        """A read came back: it is the bucket's view now. ``peeked``: its
+        peek was asked (``Read.peek``, when it found nothing) and answered
+        ``next_at``."""
         view = self._views.get(read.bucket)
         if view is None or view.token != read.token:
             return  # lost or retaken meanwhile: what was read is not ours to use
@@ -251,12 +254,23 @@ class DueBook:
         view.read_at = monotonic
         view.until = read.until
         view.full = len(docs) >= read.limit
-        self._settle_quiet(view, read, next_at)
+        self._settle_quiet(view, read, next_at if peeked else None, peeked)
 
-    def _settle_quiet(self, view: _View, read: Read, next_at: datetime | None) -> None:
-        """Whether a view just read is quiet, and until when; with what was
-        told while the read was out (which it may not have seen) on top."""
-        view.quiet = read.peek and not view.full and read.epoch == self._epoch and self.watched
+    def _settle_quiet(
+        self, view: _View, read: Read, next_at: datetime | None, peeked: bool
+    ) -> None:
+        """Whether a view just read is quiet (it found nothing, and the feed
+        was open throughout), and until when; with what was told while the
+        read was out (which it may not have seen) on top. A bucket that
+        keeps finding work is refreshed instead: its reads find the next
+        work in time, and a peek after each would only add statements."""
+        view.quiet = (
+            peeked
+            and not view.docs
+            and not view.behind
+            and read.epoch == self._epoch
+            and self.watched
+        )
         view.next_at = next_at if view.quiet else None
         if view.hinted_within:
             view.read_at = None
@@ -487,7 +501,8 @@ class DueBook:
         if view.quiet and now is not None and monotonic is not None:
             if view.next_at is None:
                 return None
-            return monotonic + max(0.0, (view.next_at - now).total_seconds() - self.refresh)
+            ahead = (view.next_at - now).total_seconds() - self.refresh
+            return max(view.read_at + self.refresh, monotonic + max(0.0, ahead))
         return view.read_at + self.refresh
 
     def held(self) -> dict[int, int]:
@@ -549,13 +564,15 @@ class DueBook:
             return False  # held back, a backlog behind it: read on once it is taken
         if view.full and not view.docs:
             return True  # the backlog behind the last read
+        refreshed = monotonic - view.read_at >= self.refresh
         if view.quiet:
-            # Told of anything sooner: read once the next due time is
-            # within a refresh interval (the look-ahead of every read).
-            return view.next_at is not None and view.next_at <= now + timedelta(
-                seconds=self.refresh
-            )
-        return monotonic - view.read_at >= self.refresh
+            # Told of anything sooner: read once the next due time is within
+            # a refresh interval (the look-ahead of every read), and no more
+            # often than a refresh (the next due time is after the last
+            # read's bound, so that read's refresh is in time for it).
+            soon = now + timedelta(seconds=self.refresh)
+            return view.next_at is not None and view.next_at <= soon and refreshed
+        return refreshed
 
 
 def _earliest(a: datetime | None, b: datetime) -> datetime:

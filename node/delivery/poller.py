@@ -395,12 +395,12 @@ class BucketPoller:
         gate = asyncio.Semaphore(CONCURRENT_READS)
 
         async def one(read: Read) -> None:
-            next_at = None
+            next_at, peeked = None, False
             async with gate:
                 docs = await self.store.find_due(read.bucket, read.until, read.limit, read.after)
-                if read.peek and len(docs) < read.limit:
-                    next_at = await self.store.next_due(read.bucket, read.until)
-            self.book.learned(read, docs, self.monotonic(), next_at)
+                if read.peek and not docs and read.after is None:
+                    next_at, peeked = await self.store.next_due(read.bucket, read.until), True
+            self.book.learned(read, docs, self.monotonic(), next_at, peeked=peeked)
 
         await asyncio.gather(*(one(read) for read in reads))
 
