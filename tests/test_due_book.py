@@ -320,7 +320,9 @@ def test_a_lane_is_slow_while_stalled_or_its_calls_crowd_a_full_view() -> None:
     book.learned_past(past, [], 1.0)
     book.learned_past(past, [], 2.0)
     assert book.next_read(at(2.5), None, a_open) == 2.0 + 4 * REFRESH
-    book.hint(2, at(3))
+    book.hint(2, at(60), now=at(2.5))  # due later (the change feed tells every insert)
+    assert book.next_read(at(2.5), None, a_open) == 2.0 + 4 * REFRESH
+    book.hint(2, at(3), now=at(2.5))
     assert book.next_read(at(2.5), None, a_open) == 2.0 + REFRESH
     # Host a hung, three of bucket 2's four; b fast, one call in each full
     # view: only a is skipped, and only bucket 2 holds it.

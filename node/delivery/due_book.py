@@ -320,12 +320,19 @@ class DueBook:
 
     # -- what the rest of the node tells ----------------------------------------------
 
-    def hint(self, bucket: int, due_at: datetime | None, inserted: str | None = None) -> bool:
+    def hint(
+        self,
+        bucket: int,
+        due_at: datetime | None,
+        inserted: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
         """A schedule of ``bucket`` falls due at ``due_at`` (None: not said,
         take it as due now): True when the view would not have seen it in
         time (it is then read at once). ``inserted``: the id of a schedule
         just stored, as the change feed tells it (one already in the view,
-        or taken lately, is no news)."""
+        or taken lately, is no news). ``now``: what is due later than a
+        refresh from it does not hurry the read past the slow lanes."""
         view = self._views.get(bucket)
         if view is None:
             return False
@@ -340,8 +347,12 @@ class DueBook:
                 view.hinted_after = _earliest(view.hinted_after, due_at)
         if view.read_at is None:
             return True  # read first thing anyway
-        if view.full:
-            self.past.hinted()  # it may be behind a slow lane's backlog
+        soon = now is None or due_at is None or due_at <= now + timedelta(seconds=self.refresh)
+        if view.full and soon:
+            # It may be behind a slow lane's backlog. (Not what is due later:
+            # the change feed tells of every insert, and each would undo the
+            # back-off of the reads past the slow lanes.)
+            self.past.hinted()
         if due_at is not None and view.until is not None and due_at > view.until:
             # After the view's bound: a quiet view reads again before it is
             # due; another is refreshed in time anyway.

@@ -228,7 +228,7 @@ class BucketPoller:
         """A schedule of a held bucket falls due at ``due_at`` (None: not
         said): wake by then, and read the bucket again if its view would not
         have seen it (``DueBook.hint``)."""
-        sooner = self.book.hint(bucket, due_at, inserted)
+        sooner = self.book.hint(bucket, due_at, inserted, self.wall())
         if sooner or self._wake_at is None or (due_at is not None and due_at < self._wake_at):
             self._wake.set()
 
