@@ -487,6 +487,10 @@ class Node:
     async def _prepare_store(self) -> None:
         await self.store.prepare(utcnow())
         await self.delivery_store.learn_server()
+        # The leases learn it from the owner's store: the embedded SecantusDB
+        # takes other lease statements (node/store/leases.py, ``chunked``).
+        if isinstance(self.lease_store, LeaseStore):
+            self.lease_store.chunked = self.delivery_store.sliced
         await self.tenants.prepare()
         if self.history_writer is not None:
             await self.history.prepare()

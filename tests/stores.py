@@ -127,7 +127,10 @@ class MongoKit(StoreKit):
         return ScheduleStore(self.database, bucket_count, unfenced=unfenced)
 
     def leases(self, node_id: str) -> LeaseStore:
-        return LeaseStore(self.database.buckets, node_id)
+        # The embedded server's lease shapes, as a node sets them on finding
+        # it (Node._prepare_store); the one-statement shape a real
+        # MongoDB gets is tested on it too (tests/test_leases.py).
+        return LeaseStore(self.database.buckets, node_id, chunked=True)
 
     def history(self, *, cap: int, retention: timedelta) -> HistoryStore:
         return HistoryStore(self.database.history, retention=retention, cap=cap)

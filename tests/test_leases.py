@@ -3,9 +3,11 @@ and MongoDB); a store slow or lost mid-write against MongoDB itself."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from pymongo.errors import AutoReconnect
 
 from node.delivery.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
@@ -15,8 +17,9 @@ from node.errors import StoreUnavailable
 from node.schedule.model import Limits
 from node.schedule.parse import parse_new_schedule
 from node.schedule.retry import DEFAULT_POLICY
-from node.store.leases import LeaseStore
-from tests.conftest import wait_until
+from node.store.contract import BucketLeases
+from node.store.leases import IDS_PER_STATEMENT, LeaseStore
+from tests.conftest import NodeFactory, wait_until
 from tests.stores import StoreKit
 
 BUCKETS = 8
@@ -145,6 +148,85 @@ async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(store: S
     again = manager(store, "a")  # same node id, new process
     assert await again.acquire([0]) == [0]
     assert again.usable()[0] == old.usable()[0] + 1
+
+
+async def test_four_thousand_buckets_are_held_renewed_and_handed_over_at_once(
+    store: StoreKit,
+) -> None:
+    """B = 4,096: one acquire takes every bucket, one token each; one renew
+    keeps them all; half are handed over. On the embedded store every call
+    names them in bounded statements: none is missed or taken twice at a
+    statement's edge, and a lease lost in any statement is found."""
+    many = 4096
+    a, b = manager(store, "a"), manager(store, "b")
+    assert await a.acquire(range(many)) == list(range(many))
+    assert a.usable() == dict.fromkeys(range(many), 1)
+    assert await a.renew() == []
+    assert len(a.usable()) == many
+
+    half = list(range(0, many, 2))
+    assert await a.release(half) == half
+    assert await b.acquire(range(many)) == half
+    assert b.usable() == dict.fromkeys(half, 2)
+    # Lost in the first statement, at the edge of two, and in the last.
+    stolen = [1, 2 * IDS_PER_STATEMENT - 1, many - 1]
+    for bucket in stolen:
+        await store.steal_lease(bucket, "z")
+    assert await a.renew() == stolen
+    assert await b.renew() == []
+
+    docs = await store.lease_docs()
+    assert Counter((d["owner"], d["token"]) for d in docs.values()) == {
+        ("a", 1): many // 2 - len(stolen),
+        ("b", 2): many // 2,
+        ("z", 2): len(stolen),
+    }
+
+
+async def take_rechecks_every_bucket(a: BucketLeases, b: BucketLeases) -> None:
+    """take() checks each bucket again as it writes it: one another node
+    created since takeable() found it unseen, or took since it found it
+    free, stays that node's; the rest are taken, the token one up. Over
+    more buckets than one statement of the embedded store names."""
+    n = 3 * IDS_PER_STATEMENT + 5
+    everything = list(range(n))
+    assert await a.takeable(everything, within=30) == ([], everything)
+    first_b = [0, IDS_PER_STATEMENT - 1, IDS_PER_STATEMENT, n - 1]
+    await b.take([], first_b, 30.0, within=30)
+    await a.take([], everything, 30.0, within=30)
+    assert await a.ours(everything, within=30) == {x: 1 for x in everything if x not in first_b}
+
+    await a.release(everything, within=30)
+    assert await b.takeable(everything, within=30) == (everything, [])
+    # a takes some back before b writes what it found free.
+    back_to_a = [1, IDS_PER_STATEMENT + 1, n - 2]
+    await a.take(back_to_a, [], 30.0, within=30)
+    await b.take(everything, [], 30.0, within=30)
+    expected = {x: ("a" if x in back_to_a else "b", 2) for x in everything}
+    assert await a.tokens(everything, within=30) == expected
+    assert await b.extend(everything, 30.0, within=30) == n - len(back_to_a)
+
+
+async def test_take_rechecks_every_bucket_as_it_writes(store: StoreKit) -> None:
+    await take_rechecks_every_bucket(store.leases("a"), store.leases("b"))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-statement", "bounded"])
+async def test_both_lease_shapes_agree_on_mongodb(mongo: Any, chunked: bool) -> None:
+    """The one statement per call a real MongoDB gets, and the bounded ones
+    of the embedded store, on the same server: the same outcome."""
+    await take_rechecks_every_bucket(
+        LeaseStore(mongo.buckets, "a", chunked=chunked),
+        LeaseStore(mongo.buckets, "b", chunked=chunked),
+    )
+
+
+async def test_a_node_on_the_embedded_store_names_leases_in_bounded_statements(
+    start_node: NodeFactory,
+) -> None:
+    node = await start_node()
+    assert isinstance(node.node.lease_store, LeaseStore)
+    assert node.node.lease_store.chunked
 
 
 def new_doc(schedule_id: str) -> Any:
