@@ -123,6 +123,36 @@ async def test_a_joining_node_gets_its_share_at_once_from_releases(cluster: Clus
         assert withdrawn == before[old.node_id] - cluster.held(old.node_id) and withdrawn
 
 
+class SlowToQuiesce(Loop):
+    """A batch in flight in a withdrawn bucket takes ``seconds`` to finish."""
+
+    def __init__(self, time: VirtualTime, seconds: float) -> None:
+        super().__init__()
+        self.time, self.seconds = time, seconds
+
+    async def quiesce(self, buckets: set[int] | None = None) -> None:
+        await super().quiesce(buckets)
+        self.time.advance(self.seconds)
+
+
+async def test_a_slow_release_does_not_hold_back_the_renew_that_is_due(cluster: Cluster) -> None:
+    a = cluster.add("a")
+    cluster.see({"a"})
+    await cluster.run(1.0)
+    tokens = a.leases.usable()
+    assert len(tokens) == BUCKETS
+    # A renew is due when b joins; the work in a's withdrawn buckets then
+    # takes longer than what is left of the other leases' terms.
+    cluster.time.advance(a.leases.renew_interval - 1.0)
+    a.poller = SlowToQuiesce(cluster.time, TTL - a.leases.margin(TTL) - 1.0)
+    cluster.add("b")
+    cluster.see({"a", "b"}, on={"a"})
+    await a.step()
+    kept = owned_by(place(dict.fromkeys(["a", "b"], PLACEMENT_VERSION), BUCKETS), "a")
+    assert a.leases.usable() == {b: tokens[b] for b in kept}
+    assert a.leases.losses == 0
+
+
 async def test_a_crashed_nodes_buckets_move_once_its_leases_expire(cluster: Cluster) -> None:
     cluster.add("a")
     cluster.add("b")

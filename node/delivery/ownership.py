@@ -130,9 +130,12 @@ class Ownership:
         if self._changed:
             self._changed = False
             self._replace()
-        lost = set(self.leases.held) - self.wanted
-        if lost:
-            await self._release(lost)
+        # Renew before releasing: a release waits for the work in flight in
+        # its buckets and for the store, and every other lease's deadline
+        # runs meanwhile. Leases just taken by a slow acquire have little of
+        # their term left: three nodes taking 4,096 buckets on the embedded
+        # store took 3.3 s of a 4.8 s deadline, a release of 697 then 1.5 s,
+        # and the renew after it found all 1,329 kept leases lapsed.
         now = self.monotonic()
         if now >= self._next_renew:
             self._next_renew = now + self.leases.renew_interval
@@ -140,6 +143,9 @@ class Ownership:
             if dropped:
                 self.metrics.lease_losses.inc(len(dropped))
                 self.poller.leases_changed()
+        lost = set(self.leases.held) - self.wanted
+        if lost:
+            await self._release(lost)
         missing = self.wanted - set(self.leases.held)
         if missing:
             began = self.monotonic()
