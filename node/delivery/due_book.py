@@ -59,6 +59,8 @@ Doc = dict[str, Any]
 # A view whose due work is held back is read for what lies past its bound,
 # and read whole once in this many refresh intervals (see the docstring).
 WHOLE_READ_EVERY = 10
+# With the change feed open, a read looks this many refresh intervals ahead.
+QUIET_READ_AHEAD = 10
 # Ids of schedules taken lately that a change feed's news of their insert is
 # checked against (their insert is told after the claim at times: due at
 # once, stored here and taken before the feed told it).
@@ -198,7 +200,12 @@ class DueBook:
         after a view's bound is then read by a refresh before it is due.
         ``held``: due work the poller may not claim yet (it is not work in
         hand: its bucket is refreshed as if idle)."""
-        until = now + timedelta(seconds=lookahead)
+        # With the feed open a read looks further ahead: what it finds stays
+        # in the view (told of anything sooner), read again only near its
+        # bound, so a bucket with a little work costs a read per stretch, not
+        # a read a refresh (the budget still bounds what views hold).
+        ahead = lookahead * (QUIET_READ_AHEAD if self.watched else 1)
+        until = now + timedelta(seconds=ahead)
         blocked = self._held_routes(held)
         wanted = [
             (bucket, view)
@@ -259,19 +266,20 @@ class DueBook:
     def _settle_quiet(
         self, view: _View, read: Read, next_at: datetime | None, peeked: bool
     ) -> None:
-        """Whether a view just read is quiet (it found nothing, and the feed
-        was open throughout), and until when; with what was told while the
-        read was out (which it may not have seen) on top. A bucket that
-        keeps finding work is refreshed instead: its reads find the next
-        work in time, and a peek after each would only add statements."""
+        """Whether a view just read is quiet (it read everything due up to its
+        bound, and the feed was open throughout), and until when: the next
+        due time after the bound when the read found nothing (its peek),
+        else the bound itself (read again just before it passes). With what
+        was told while the read was out (which it may not have seen) on top."""
         view.quiet = (
-            peeked
-            and not view.docs
-            and not view.behind
+            read.peek
+            and read.after is None
+            and not view.full
             and read.epoch == self._epoch
             and self.watched
+            and (peeked or bool(view.docs))
         )
-        view.next_at = next_at if view.quiet else None
+        view.next_at = (next_at if peeked else read.until) if view.quiet else None
         if view.hinted_within:
             view.read_at = None
         elif view.hinted_after is not None and view.quiet:
