@@ -244,10 +244,12 @@ async def test_idle_five_node_cluster_agrees_and_asks_the_store_little(
         asyncio.get_running_loop().time() - started
     )
     print(f"idle 5-node cluster: {per_second:.1f} store operations/s in total")
-    # An idle bucket is read by its owner once a poll interval (1 s), whatever
-    # the node count: about 32 reads a second for the cluster, and the lease
-    # renews. Not one query per bucket per node (5 x 32), nor per round.
-    assert per_second < 1.5 * BUCKETS
+    # An idle bucket is not read at all (its view is quiet: each node follows
+    # the store's change feed): what is left is each node's lease renew
+    # (every TTL/3), its in-flight sweep (a bucket once in 30 s) and its feed's
+    # getMores: 11 a second measured. Polling each bucket once a poll
+    # interval would be 32 reads a second and more.
+    assert per_second < 0.75 * BUCKETS
     assert await settled_on(nodes, mongo)
 
 

@@ -114,15 +114,19 @@ async def test_a_schedule_whose_hint_is_lost_is_delivered_on_time(
 async def test_without_the_feed_a_lost_hint_costs_at_most_a_poll_interval(
     time: VirtualTime, schedules: MemorySchedules, owner: Owner
 ) -> None:
+    """The feed breaks (a store restart) and cannot be opened again for a
+    while: every bucket is polled meanwhile. Once a feed opens afresh, every
+    view is read once (what was written in between was not told), then
+    quiet again."""
     await owner.run(5.0)
-    schedules.documents.break_feeds()  # a store restart ends every stream
-    await owner.run(0.5)
+    schedules.fail("watch_due", times=3)
+    schedules.documents.break_feeds()  # resumed after 1 s, and refused: lost
+    await owner.run(1.5)
     assert owner.poller.feed is not None and not owner.poller.feed.open
     doc = await add(schedules, time, "lost", 0.0)
     await owner.run(2.0)
     assert 0.0 < lateness(owner, "lost", doc["dueAt"]) <= 1.0  # POLL_INTERVAL
-    # The feed comes back (REOPEN_AFTER), every view is read once, then quiet.
-    await owner.run(5.0)
+    await owner.run(20.0)  # back-off 2, 4, 8 s, then a feed from now
     assert owner.poller.feed.open
     settled = reads(schedules)
     await owner.run(120.0)

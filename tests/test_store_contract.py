@@ -434,3 +434,32 @@ async def test_the_change_feed_tells_every_write_that_makes_work_due_sooner(
         ]
     finally:
         await feed.close()
+
+
+async def test_a_change_feed_resumes_where_the_last_one_ended(store: StoreKit) -> None:
+    """From an earlier feed's resume token, what was written since it closed
+    is told (MongoDB keeps that history); the memory twin keeps none, and
+    says so (``resumed`` False: the owners read everything again)."""
+    schedules = await prepared(store, 4)
+    first = await schedules.watch_due()
+    await schedules.insert(new("seen"), NOW)
+    async with asyncio.timeout(30):  # a hang guard
+        async for change in first:
+            assert change.schedule_id == "seen"
+            break
+    token = first.resume_token
+    await first.close()
+    await schedules.insert(new("meanwhile"), NOW)
+    again = await schedules.watch_due(token)
+    try:
+        await schedules.insert(new("after"), NOW)
+        told = []
+        async with asyncio.timeout(30):
+            async for change in again:
+                told.append(change.schedule_id)
+                if change.schedule_id == "after":
+                    break
+        assert told == (["meanwhile", "after"] if again.resumed else ["after"])
+        assert again.resumed == (store.kind == "secantus")
+    finally:
+        await again.close()

@@ -342,17 +342,10 @@ class DueBook:
         or taken lately, is no news). ``now``: what is due later than a
         refresh from it does not hurry the read past the slow lanes."""
         view = self._views.get(bucket)
-        if view is None:
-            return False
-        if inserted is not None and (
-            inserted in self._recently_taken or any(d["_id"] == inserted for d in view.docs)
-        ):
+        if view is None or self._known(view, inserted):
             return False
         if view.reading_until is not None:
-            if due_at is None or due_at <= view.reading_until:
-                view.hinted_within = True
-            else:
-                view.hinted_after = _earliest(view.hinted_after, due_at)
+            self._told_while_reading(view, due_at)
         if view.read_at is None:
             return True  # read first thing anyway
         soon = now is None or due_at is None or due_at <= now + timedelta(seconds=self.refresh)
@@ -369,6 +362,21 @@ class DueBook:
             return False
         view.read_at = None
         return True
+
+    def _known(self, view: _View, inserted: str | None) -> bool:
+        """A schedule just stored that the view holds, or that was taken."""
+        return inserted is not None and (
+            inserted in self._recently_taken or any(d["_id"] == inserted for d in view.docs)
+        )
+
+    @staticmethod
+    def _told_while_reading(view: _View, due_at: datetime | None) -> None:
+        """Kept for when the read out comes back (it may not see the write)."""
+        assert view.reading_until is not None
+        if due_at is None or due_at <= view.reading_until:
+            view.hinted_within = True
+        else:
+            view.hinted_after = _earliest(view.hinted_after, due_at)
 
     def accepted(self, doc: Doc) -> bool:
         """This node stored ``doc``: add it to its bucket's view when the view

@@ -6,17 +6,20 @@ view that knows its bucket's next due time is not read again before then
 (``due_book.py``, quiet views).
 
 Hints between nodes (``hints.py``) stay the fast path; the feed is what
-makes their loss harmless. While the feed is down (not yet open, broken,
-or a store without change streams) every view is refreshed once a poll
-interval, as it would be without one; when it opens again every view is
-read once, since what was written in between was not told.
+makes their loss harmless. A feed that breaks is resumed from where it
+ended (nothing lost); while there is none (not yet open, the store
+unreachable or its history gone, a store without change streams) every
+view is refreshed once a poll interval, as it would be without one; when a
+feed opens afresh every view is read once, since what was written in
+between was not told.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -55,32 +58,44 @@ class DueFeed:
         self.open = False
 
     async def run(self) -> None:
-        """Keep the feed open until cancelled (or the store has none)."""
+        """Keep the feed open until cancelled (or the store has none). A
+        feed that breaks is resumed where it ended while the store still has
+        that history: nothing was lost, the views stay as they are. One that
+        cannot be resumed is opened afresh, and every view read again."""
         wait = REOPEN_AFTER
+        token: Any = None
         while True:
             try:
-                feed = await self.store.watch_due()
+                feed = await self.store.watch_due(token)
             except ChangesUnsupported as exc:
-                log.warning(
-                    "no change feed: every bucket is read once a poll interval", error=str(exc)
-                )
+                log.warning("no change feed: buckets are polled", error=str(exc))
+                self._lost()
                 return
             except SchedulerError as exc:
                 log.warning("could not open the change feed", error=str(exc), retry_in=wait)
+                self._lost()
                 await self.sleep(wait)
                 wait = min(2 * wait, REOPEN_AFTER_MAX)
                 continue
-            self.open = True
-            self.watcher.feed_opened()
+            if not (self.open and feed.resumed):
+                self.open = True
+                self.watcher.feed_opened()  # what came before it was not told
+            opened = time.monotonic()
             try:
                 async for change in feed:
-                    wait = REOPEN_AFTER  # it ran: a later break starts the back-off afresh
                     self.watcher.changed(change)
             except SchedulerError as exc:
-                log.warning("the change feed broke; polling until it is back", error=str(exc))
+                log.warning("the change feed broke; resuming it", error=str(exc))
             finally:
-                self.open = False
-                self.watcher.feed_lost()
+                token = feed.resume_token if feed.resume_token is not None else token
                 await feed.close()
-            await self.sleep(wait)
-            wait = min(2 * wait, REOPEN_AFTER_MAX)
+            if time.monotonic() - opened < wait:
+                await self.sleep(wait)  # it breaks as soon as it opens: not at once again
+                wait = min(2 * wait, REOPEN_AFTER_MAX)
+            else:
+                wait = REOPEN_AFTER
+
+    def _lost(self) -> None:
+        if self.open:
+            self.open = False
+            self.watcher.feed_lost()

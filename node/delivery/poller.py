@@ -98,11 +98,12 @@ READ_AHEAD = 4
 # anyway; a real MongoDB serves them in parallel).
 CONCURRENT_READS = 8
 # Held buckets searched for what an older owner (or a lost round of ours)
-# left in flight, besides when gained: this many a second, in turn, in slices
-# of at least SWEEP_SLICE. A rate, not a period: the sweep costs the store the
-# same a second whatever B (one read a bucket), and a bucket is searched
-# once in held / SWEEP_RATE seconds (64 s for 256 buckets on one node, 17
-# minutes for 4,096; a gained bucket at once).
+# left in flight, besides when gained: each once a RECOVERY_SWEEP, in turn,
+# in slices of at least SWEEP_SLICE, but never more than SWEEP_RATE a second:
+# the sweep costs the store at most that (one read a bucket) whatever B, and
+# a bucket is searched once in max(30 s, held / 4) (64 s for 256 buckets on
+# one node, 17 minutes for 4,096; a gained bucket at once).
+RECOVERY_SWEEP = 30.0
 SWEEP_RATE = 4.0
 SWEEP_SLICE = 8
 # The default of how long a claim may stay IN_FLIGHT under this node's own
@@ -522,14 +523,16 @@ class BucketPoller:
             )
 
     def _sweep_slice(self, tokens: dict[int, int]) -> dict[int, int]:
-        """The held buckets the sweep searches now: as many as SWEEP_RATE
-        owes since the last slice (all, after a long pause), each after the
-        last one searched, in bucket order round the held ones."""
+        """The held buckets the sweep searches now: as many as are owed since
+        the last slice (each held one once a RECOVERY_SWEEP, at most
+        SWEEP_RATE a second; all, after a long pause), each after the last
+        one searched, in bucket order round the held ones."""
         now = self.monotonic()
         if self._swept_at is None:
             self._swept_at = now  # the buckets held at start are searched as gained
             return {}
-        owed = int((now - self._swept_at) * SWEEP_RATE)
+        rate = min(SWEEP_RATE, len(tokens) / RECOVERY_SWEEP)
+        owed = int((now - self._swept_at) * rate)
         if owed < min(SWEEP_SLICE, len(tokens)) or not tokens:
             return {}
         held = sorted(tokens)

@@ -73,6 +73,14 @@ class ChangeFeed(Protocol):
     what was written meanwhile is not told, so the owner reads everything
     again once a new feed is open."""
 
+    # Whether it started where an earlier feed ended (``Schedules.watch_due``'s
+    # ``resume_after``), nothing lost between them; False: from its opening.
+    resumed: bool
+
+    @property
+    def resume_token(self) -> Any:
+        """Where it is: a later feed may start after it (None: nowhere yet)."""
+
     def __aiter__(self) -> AsyncIterator[DueChange]: ...
 
     async def close(self) -> None: ...
@@ -332,10 +340,12 @@ class Schedules(Protocol):
         comes next, so that it need not read again before then
         (``node/delivery/due_book.py``). Reads index keys only."""
 
-    async def watch_due(self) -> ChangeFeed:
+    async def watch_due(self, resume_after: Any = None) -> ChangeFeed:
         """Open the feed of writes that make work due sooner (``DueChange``),
-        for every bucket: from its return on, every such write is told.
-        Raises ``ChangesUnsupported`` when the store has no change streams,
+        for every bucket: from its return on, every such write is told; or,
+        given an earlier feed's ``resume_token``, every one after that feed's
+        last (``resumed``) while the store keeps that history. Raises
+        ``ChangesUnsupported`` when the store has no change streams,
         ``StoreUnavailable`` when it cannot answer."""
 
     async def find_due_past(

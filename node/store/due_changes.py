@@ -23,6 +23,7 @@ deployment is anyway, for durability): on a standalone server
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -38,6 +39,8 @@ from node.store.documents import bucket_of
 
 # MongoDB's error for $changeStream on a standalone server.
 NOT_A_REPLICA_SET = 40573
+# The wait after a getMore that brought nothing (seconds; see MongoChangeFeed).
+FEED_PAUSE = 0.5
 
 _PENDING = Status.PENDING.value
 # The writes that may make work due sooner: a schedule stored PENDING, made
@@ -100,24 +103,49 @@ def due_change(event: Mapping[str, Any], bucket_count: int) -> DueChange | None:
 
 
 class MongoChangeFeed:
-    """``contract.ChangeFeed`` over a change stream."""
+    """``contract.ChangeFeed`` over a change stream.
 
-    def __init__(self, stream: AsyncChangeStream[dict[str, Any]], bucket_count: int) -> None:
+    After a getMore that brought nothing, the next waits FEED_PAUSE: the
+    embedded SecantusDB ends a getMore's wait at every write statement,
+    matching or not (a lease renew, a claim), so a stream that asked again
+    at once would cost the store a getMore per statement; a real MongoDB
+    answers an empty getMore only at maxAwaitTimeMS. What was written in the
+    pause comes in the next batch: the feed is the owners' safety net, at
+    most the pause late, and hints stay the fast path."""
+
+    def __init__(
+        self,
+        stream: AsyncChangeStream[dict[str, Any]],
+        bucket_count: int,
+        *,
+        resumed: bool = False,
+        pause: float = FEED_PAUSE,
+    ) -> None:
         self.stream = stream
         self.bucket_count = bucket_count
+        self.resumed = resumed
+        self.pause = pause
+
+    @property
+    def resume_token(self) -> Any:
+        return self.stream.resume_token
 
     def __aiter__(self) -> AsyncIterator[DueChange]:
         return self._changes()
 
     async def _changes(self) -> AsyncIterator[DueChange]:
         try:
-            async for event in self.stream:
+            while self.stream.alive:
+                event = await self.stream.try_next()
+                if event is None:
+                    await asyncio.sleep(self.pause)
+                    continue
                 change = due_change(event, self.bucket_count)
                 if change is not None:
                     yield change
         except PyMongoError as exc:
-            # Past what the driver resumes by itself (history lost after a
-            # restart, the server gone): the owners read everything again.
+            # Past what the driver resumes by itself (a deadline missed on a
+            # busy server, history lost after a restart, the server gone).
             raise StoreUnavailable("the schedules' change stream broke") from exc
         raise StoreUnavailable("the schedules' change stream ended")
 

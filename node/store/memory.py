@@ -129,6 +129,10 @@ class MemoryChangeFeed:
     writes since the feed was opened, in order. ``broken`` ends it as a
     store's restart would (iterating raises ``StoreUnavailable``)."""
 
+    # No history is kept: a feed always starts from its opening.
+    resumed = False
+    resume_token = None
+
     def __init__(self, documents: Documents) -> None:
         self._documents = documents
         self._queue: asyncio.Queue[DueChange | None] = asyncio.Queue()
@@ -446,7 +450,7 @@ class MemorySchedules(Faults):
         return aware(found[0]["dueAt"]) if found else None
 
     @_store_call
-    async def watch_due(self) -> ChangeFeed:
+    async def watch_due(self, resume_after: Any = None) -> ChangeFeed:
         feed = MemoryChangeFeed(self.documents)
         self.documents.feeds.add(feed)
         return feed

@@ -568,13 +568,25 @@ class ScheduleStore:
         )
         return aware(found[0]["dueAt"]) if found else None
 
-    async def watch_due(self) -> ChangeFeed:
+    async def watch_due(self, resume_after: Any = None) -> ChangeFeed:
         """A change stream of the writes that may make work due sooner
-        (``due_changes.py``). Its waits are shorter than the client's
-        deadline (timeoutMS), which bounds each ``getMore``."""
+        (``due_changes.py``), from ``resume_after`` (an earlier feed's
+        ``resume_token``) while the server still has that history, else from
+        now. Its waits are shorter than the client's deadline (timeoutMS),
+        which bounds each ``getMore``."""
+        if resume_after is not None:
+            try:
+                return await self._watch(resume_after)
+            except (ChangesUnsupported, StoreUnavailable):
+                pass  # history gone, or the token refused: from now, and every view read
+        return await self._watch(None)
+
+    async def _watch(self, resume_after: Any) -> ChangeFeed:
         try:
             stream = await self.schedules.watch(
-                due_changes.PIPELINE, max_await_time_ms=CHANGES_WAIT_MS
+                due_changes.PIPELINE,
+                max_await_time_ms=CHANGES_WAIT_MS,
+                start_after=resume_after,
             )
         except OperationFailure as exc:
             if exc.code == due_changes.NOT_A_REPLICA_SET:
@@ -585,7 +597,9 @@ class ScheduleStore:
             raise StoreUnavailable("could not open the schedules' change stream") from exc
         except PyMongoError as exc:
             raise StoreUnavailable("could not open the schedules' change stream") from exc
-        return due_changes.MongoChangeFeed(stream, self.bucket_count)
+        return due_changes.MongoChangeFeed(
+            stream, self.bucket_count, resumed=resume_after is not None
+        )
 
     @store_call
     async def find_due_past(
