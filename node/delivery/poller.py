@@ -119,6 +119,9 @@ def longest_round(store_timeout: float, publish_timeout: float) -> float:
     return 2 * (4 * store_timeout + 2 * publish_timeout)
 
 
+# At start, how long the loop waits for the change feed to open before its
+# first reads (seconds; then it polls until the feed opens).
+FEED_OPEN_WAIT = 5.0
 # While the broker is down, the wait before probing it again: doubling from
 # the first to the last (seconds).
 BROKER_BACKOFF = 0.5
@@ -164,6 +167,7 @@ class BucketPoller:
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
         self.feed = DueFeed(store, self) if watch_changes else None
+        self._feed_open = asyncio.Event()
         # Longer than any round can hold a claim (node/process.py derives it
         # from the store's and the broker's deadlines): a schedule IN_FLIGHT
         # under our own token for longer belongs to no round any more.
@@ -236,6 +240,7 @@ class BucketPoller:
     # -- the change feed (``due_feed.py``) -----------------------------------------
 
     def feed_opened(self) -> None:
+        self._feed_open.set()
         self.book.watch(True)
         self.metrics.change_feed_open.set(1)
         self._wake.set()
@@ -285,6 +290,12 @@ class BucketPoller:
 
     async def run(self) -> None:
         feed = None if self.feed is None else asyncio.create_task(self.feed.run(), name="due-feed")
+        if feed is not None:
+            # The first reads after the feed has opened: read before, every
+            # bucket would be read again when it opens (B reads twice).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FEED_OPEN_WAIT):
+                    await self._feed_open.wait()
         try:
             await self._loop()
         finally:
