@@ -167,7 +167,8 @@ class BucketPoller:
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
         self.feed = DueFeed(store, self) if watch_changes else None
-        self._feed_open = asyncio.Event()
+        # Set when the first reads may go: the feed opened, or stopping.
+        self._may_read = asyncio.Event()
         # Longer than any round can hold a claim (node/process.py derives it
         # from the store's and the broker's deadlines): a schedule IN_FLIGHT
         # under our own token for longer belongs to no round any more.
@@ -240,7 +241,7 @@ class BucketPoller:
     # -- the change feed (``due_feed.py``) -----------------------------------------
 
     def feed_opened(self) -> None:
-        self._feed_open.set()
+        self._may_read.set()
         self.book.watch(True)
         self.metrics.change_feed_open.set(1)
         self._wake.set()
@@ -268,6 +269,7 @@ class BucketPoller:
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        self._may_read.set()  # a node stopped as it starts waits for no feed
 
     async def quiesce(self, buckets: set[int] | None = None) -> None:
         """Return once no claimed work in ``buckets`` (default: any) is in flight.
@@ -295,7 +297,7 @@ class BucketPoller:
             # bucket would be read again when it opens (B reads twice).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(FEED_OPEN_WAIT):
-                    await self._feed_open.wait()
+                    await self._may_read.wait()
         try:
             await self._loop()
         finally:
