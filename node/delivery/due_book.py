@@ -10,11 +10,15 @@ only when
 * its view is missing: the bucket was just gained, or was marked stale (a
   hint of work due before the bucket's next read, a claim that failed);
 * its cached due work ran out and its last read was full: more is due;
-* it is quiet (the store's change feed is open, ``due_feed.py``) and its
-  next due time, learned by the last read's peek (``Schedules.next_due``)
-  or told since, is within the refresh interval: everything that could make
-  work due sooner (another node's insert, a resume, a retry) is told by the
-  feed, so a bucket with nothing due costs no read until then;
+* it is quiet (the store's change feed was open through its last read,
+  ``due_feed.py``, and that read came back short: it holds everything due
+  up to its bound, QUIET_READ_AHEAD refresh intervals ahead) and what it
+  must learn next is within a refresh interval (and it was read at least
+  one ago): the bound itself, or, when that read found nothing, the next
+  due time its peek learned (``Schedules.next_due``), either lowered by
+  what was told since. Everything that could make work due sooner (another
+  node's insert, a resume, a retry) is told by the feed, so a bucket with
+  nothing due costs no read until then;
 * it is not quiet (no feed), is older than the refresh interval and holds
   nothing due yet: other nodes accept schedules for every bucket, and the
   hint they send for one due soon may have been lost, so a lost hint costs
