@@ -438,3 +438,37 @@ def test_buckets_crowded_one_by_one_are_read_past_one_by_one() -> None:
     assert book.past_read(at(1.5), 1.5) is None  # the whole read found nothing: at 2
     whole = book.past_read(at(2), 2.0)
     assert whole is not None and whole.whole and whole.tokens == {1: 1, 2: 1}
+
+
+def test_the_feeds_news_of_a_write_the_node_told_itself_is_none_once() -> None:
+    """What the node wrote back to PENDING and hinted itself, the change feed
+    tells again: no news, once, and only at the due time written (to the
+    millisecond, as stored). Another write of the id is news, as is any
+    write after a failed one of ours, or after a feed opened afresh or the
+    bucket changed hands (a write then may have matched nothing: no news of
+    it is left to come)."""
+    book = DueBook(refresh=REFRESH, budget=100)
+    book.sync({1: 1})
+    written = at(3) + timedelta(microseconds=1500)
+    book.wrote(1, "r", written)
+    assert not book.news(1, "r", at(3) + timedelta(milliseconds=1), inserted=False)
+    assert book.news(1, "r", at(3) + timedelta(milliseconds=1), inserted=False)  # once
+    book.wrote(1, "r", at(4))
+    assert book.news(1, "r", at(5), inserted=False)  # a PATCH since (its news comes first)
+    assert book.news(1, "r", at(4), inserted=False)  # and ours after it
+    book.wrote(1, "p", None)  # a put-back: its due time as it was
+    assert book.news(1, "p", at(0), inserted=False)
+    book.wrote(1, "p", None)
+    assert not book.news(1, "p", None, inserted=False)
+    book.wrote(1, "f", at(6))
+    book.unwritten(["f"])
+    assert book.news(1, "f", at(6), inserted=False)
+    book.wrote(1, "w", at(6))
+    book.watch(True)
+    assert book.news(1, "w", at(6), inserted=False)
+    book.wrote(1, "s", at(6))
+    book.sync({1: 2})
+    assert book.news(1, "s", at(6), inserted=False)
+    book.taken([doc("t", 1, 0)])  # an insert told after its claim
+    assert not book.news(1, "t", at(0), inserted=True)
+    assert book.news(1, "n", at(0), inserted=True)

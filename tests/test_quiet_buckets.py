@@ -9,12 +9,14 @@ change stream (``tests/test_store_contract.py`` checks both)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from node.schedule import changes
+from node.schedule.changes import Change
 from node.store.memory import MemoryLeases, MemorySchedules
 from tests.virtual import Owner, VirtualTime, header, schedule
 
@@ -55,6 +57,20 @@ async def owner(time: VirtualTime, schedules: MemorySchedules) -> AsyncIterator[
 
 def reads(schedules: MemorySchedules) -> int:
     return schedules.calls["find_due"] + schedules.calls["next_due"]
+
+
+def reads_by_bucket(schedules: MemorySchedules, monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
+    """From now on, the store's reads (a due read, a peek) of each bucket."""
+    counted: Counter[int] = Counter()
+    for name in ("find_due", "next_due"):
+        read = getattr(schedules, name)
+
+        async def counting(bucket: int, *args: Any, _read: Any = read, **kwargs: Any) -> Any:
+            counted[bucket] += 1
+            return await _read(bucket, *args, **kwargs)
+
+        monkeypatch.setattr(schedules, name, counting)
+    return counted
 
 
 def lateness(node: Owner, schedule_id: str, due: Any) -> float:
@@ -149,3 +165,35 @@ async def test_a_retry_and_a_resume_go_out_on_time_from_a_quiet_bucket(
     await owner.run(1.0)  # no hint: the feed tells of the resume
     # Due 10 s before its resume: out at the resume, not a poll interval later.
     assert lateness(owner, "held", held["dueAt"]) == pytest.approx(10.0, abs=0.01)
+
+
+async def test_the_owners_own_retry_is_read_once_though_the_feed_tells_it_too(
+    time: VirtualTime, schedules: MemorySchedules, owner: Owner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner writes a retry back to PENDING and tells its book itself: its
+    bucket is read once. The feed tells of the same write a getMore later,
+    after that read: no news, no second read. A later write of it (the API
+    moves it sooner) is news: read, and out at its new due time."""
+    await owner.run(5.0)
+    feed = owner.keep_feed()
+    owner.publisher.refuse["flaky"] = 1
+    doc = await add(schedules, time, "flaky", 5.0)
+    bucket = int(doc["bucket"])
+    await feed.release()  # its insert
+    await owner.run_until(lambda: owner.count("retried") == 1, within=10.0)
+    reads = reads_by_bucket(schedules, monkeypatch)
+    await owner.run(0.1)  # the read the owner's own hint asked for
+    assert reads[bucket] == 1
+    echo = await feed.release()
+    assert [(c.schedule_id, c.inserted) for c in echo] == [("flaky", False)]
+    await owner.run(0.1)
+    assert reads[bucket] == 1  # the echo cost no read
+    retry = await schedules.get("flaky")
+    assert retry is not None and retry["dueAt"] > time.at(time.elapsed + 0.2)
+    sooner = time.at(time.elapsed + 0.1)  # the API moves it (a PATCH)
+    moved = Change({"dueAt": sooner, "executeAt": sooner}, due_at=sooner)
+    await schedules.change("flaky", lambda d: moved, time.wall())
+    assert [c.due_at for c in await feed.release()] == [sooner]
+    await owner.run(1.0)
+    assert reads[bucket] == 2
+    assert lateness(owner, "flaky", sooner) == 0.0

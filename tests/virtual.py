@@ -26,6 +26,7 @@ from node.schedule.parse import parse_new_schedule
 from node.schedule.record import Record
 from node.schedule.retry import RetryPolicy
 from node.schedule.webhook import HttpCall
+from node.store.contract import DueChange
 from node.store.memory import MemoryLeases, MemorySchedules
 
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -176,6 +177,34 @@ def schedule(schedule_id: str, at: datetime, now: datetime, **fields: Any) -> Ne
     return parse_new_schedule(json.dumps(body).encode(), LIMITS, now)
 
 
+class KeptFeed:
+    """An owner's change feed whose news is kept back until ``release``: a
+    MongoDB change stream tells a write a getMore later (its pause after an
+    empty one, ``due_changes.FEED_PAUSE``), after the owner's next round."""
+
+    def __init__(self, poller: BucketPoller) -> None:
+        self.poller = poller
+        self.kept: list[DueChange] = []
+
+    def feed_opened(self) -> None:
+        self.poller.feed_opened()
+
+    def feed_lost(self) -> None:
+        self.poller.feed_lost()
+
+    def changed(self, change: DueChange) -> None:
+        self.kept.append(change)
+
+    async def release(self) -> list[DueChange]:
+        """Tell the owner what the feed has told so far; returns it."""
+        for _ in range(3):
+            await asyncio.sleep(0)  # the feed takes what the store wrote
+        kept, self.kept = self.kept, []
+        for change in kept:
+            self.poller.changed(change)
+        return kept
+
+
 class Owner:
     """One node's owner side: its lease book and its poller, over the shared
     memory store, with its own recording publisher."""
@@ -234,6 +263,13 @@ class Owner:
         for _ in range(3):
             await asyncio.sleep(0)
         assert self.poller.feed.open
+
+    def keep_feed(self) -> KeptFeed:
+        """From now on the open feed's news waits for ``KeptFeed.release``."""
+        assert self.poller.feed is not None, "made with watch_changes=True"
+        kept = KeptFeed(self.poller)
+        self.poller.feed.watcher = kept
+        return kept
 
     async def close_feed(self) -> None:
         if self._feed is not None:

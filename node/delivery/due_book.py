@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from node.delivery.past_lanes import PastLanes, PastRead, slow_lanes
 from node.delivery.routes import Lane, Route, Routes, held_routes
@@ -65,10 +65,43 @@ Doc = dict[str, Any]
 WHOLE_READ_EVERY = 10
 # With the change feed open, a read looks this many refresh intervals ahead.
 QUIET_READ_AHEAD = 10
-# Ids of schedules taken lately that a change feed's news of their insert is
-# checked against (their insert is told after the claim at times: due at
-# once, stored here and taken before the feed told it).
-RECENTLY_TAKEN = 4096
+# How many ids of schedules this node took lately, and of those it wrote back
+# to PENDING lately, a change feed's news is checked against: an insert is
+# told after its claim at times (due at once, stored here and taken before
+# the feed told it), and this node's own write after it told the book itself.
+RECENT = 4096
+
+_V = TypeVar("_V")
+
+
+class _Recent(Generic[_V]):
+    """The last ``size`` ids noted, each with what was noted of it; the
+    oldest is forgotten first."""
+
+    def __init__(self, size: int = RECENT) -> None:
+        self.size = size
+        self._noted: dict[str, _V] = {}
+
+    def note(self, key: str, value: _V) -> None:
+        self._noted.pop(key, None)  # the latest last
+        self._noted[key] = value
+        if len(self._noted) > self.size:
+            del self._noted[next(iter(self._noted))]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._noted
+
+    def pop(self, key: str) -> _V | None:
+        """What was noted of ``key`` (None: nothing), forgotten."""
+        return self._noted.pop(key, None)
+
+    def forget(self, which: Callable[[_V], bool] | None = None) -> None:
+        """Forget what ``which`` says of (default: everything)."""
+        if which is None:
+            self._noted.clear()
+            return
+        for key in [k for k, value in self._noted.items() if which(value)]:
+            del self._noted[key]
 
 
 @dataclass(frozen=True)
@@ -157,7 +190,12 @@ class DueBook:
         self._epoch = 0
         # The ids this node took lately: a change feed tells of its own
         # inserts too, and one told after it was taken is not new work.
-        self._recently_taken: dict[str, None] = {}
+        self._recently_taken: _Recent[None] = _Recent()
+        # What this node wrote back to PENDING lately and told the book itself
+        # (a retry, a next occurrence, a put-back): id -> (bucket, the due time
+        # the write set; None: it left it). The feed's news of that write is
+        # no news (``news``).
+        self._written: _Recent[tuple[int, datetime | None]] = _Recent()
         self.past = PastLanes(refresh, WHOLE_READ_EVERY * refresh, limit=max(min_read, budget // 4))
         # What was taken while a read past the slow lanes was out: it may
         # come back in that read's answer, and is not to be taken again.
@@ -169,7 +207,8 @@ class DueBook:
         """Follow the leases: forget buckets no longer held, start a missing
         view for those gained (or taken again under a new token). Returns the
         buckets gained."""
-        for bucket in [b for b in self._views if b not in tokens]:
+        lost = {b for b in self._views if b not in tokens}
+        for bucket in lost:
             del self._views[bucket]
         gained = set()
         for bucket, token in tokens.items():
@@ -177,6 +216,10 @@ class DueBook:
             if view is None or view.token != token:
                 self._views[bucket] = _View(token)
                 gained.add(bucket)
+        if moved := lost | gained:
+            # A write under the token lost may have matched nothing: no news
+            # of it will come to be taken for it.
+            self._written.forget(lambda written: written[0] in moved)
         return gained
 
     def watch(self, open_: bool) -> None:
@@ -185,6 +228,7 @@ class DueBook:
         each is refreshed once a refresh interval, as without a feed)."""
         self.watched = open_
         self._epoch += 1
+        self._written.forget()  # a feed opened afresh tells nothing written before
         for view in self._views.values():
             view.quiet = False
             if open_:
@@ -332,21 +376,13 @@ class DueBook:
 
     # -- what the rest of the node tells ----------------------------------------------
 
-    def hint(
-        self,
-        bucket: int,
-        due_at: datetime | None,
-        inserted: str | None = None,
-        now: datetime | None = None,
-    ) -> bool:
+    def hint(self, bucket: int, due_at: datetime | None, now: datetime | None = None) -> bool:
         """A schedule of ``bucket`` falls due at ``due_at`` (None: not said,
         take it as due now): True when the view would not have seen it in
-        time (it is then read at once). ``inserted``: the id of a schedule
-        just stored, as the change feed tells it (one already in the view,
-        or taken lately, is no news). ``now``: what is due later than a
+        time (it is then read at once). ``now``: what is due later than a
         refresh from it does not hurry the read past the slow lanes."""
         view = self._views.get(bucket)
-        if view is None or self._known(view, inserted):
+        if view is None:
             return False
         if view.reading_until is not None:
             self._told_while_reading(view, due_at)
@@ -367,11 +403,38 @@ class DueBook:
         view.read_at = None
         return True
 
-    def _known(self, view: _View, inserted: str | None) -> bool:
-        """A schedule just stored that the view holds, or that was taken."""
-        return inserted is not None and (
-            inserted in self._recently_taken or any(d["_id"] == inserted for d in view.docs)
-        )
+    def news(
+        self, bucket: int, schedule_id: str, due_at: datetime | None, *, inserted: bool
+    ) -> bool:
+        """Whether the change feed's news of a write (``contract.DueChange``)
+        is news, to be told as a ``hint``. Not: a schedule just stored that
+        its bucket's view holds, or that was taken lately; nor the write this
+        node made itself (``wrote``), whose hint it gave already, told once
+        with the due time it wrote (another write of the same id since, a
+        PATCH moving it, is news: and whatever else of that id is told
+        meanwhile, the next is news too)."""
+        if inserted:
+            view = self._views.get(bucket)
+            return not (
+                schedule_id in self._recently_taken
+                or (view is not None and any(d["_id"] == schedule_id for d in view.docs))
+            )
+        written = self._written.pop(schedule_id)
+        return written is None or written != (bucket, due_at)
+
+    def wrote(self, bucket: int, schedule_id: str, due_at: datetime | None) -> None:
+        """This node is writing ``schedule_id`` back to PENDING, due at
+        ``due_at`` (None: the write leaves its due time as it was), and tells
+        the book of it itself (``hint``, ``stale``) once written: the change
+        feed's news of that write (``news``) costs no read of its own. Before
+        the write, as its news may come before the write's answer."""
+        self._written.note(schedule_id, (bucket, _as_stored(due_at)))
+
+    def unwritten(self, schedule_ids: Iterable[str]) -> None:
+        """Those writes failed (``wrote``): they may have been applied or not,
+        and their news is news again."""
+        for schedule_id in schedule_ids:
+            self._written.pop(schedule_id)
 
     @staticmethod
     def _told_while_reading(view: _View, due_at: datetime | None) -> None:
@@ -419,9 +482,7 @@ class DueBook:
         by_bucket: dict[int, set[str]] = {}
         for doc in docs:
             by_bucket.setdefault(int(doc["bucket"]), set()).add(str(doc["_id"]))
-            self._recently_taken[str(doc["_id"])] = None
-        while len(self._recently_taken) > RECENTLY_TAKEN:
-            del self._recently_taken[next(iter(self._recently_taken))]
+            self._recently_taken.note(str(doc["_id"]), None)
         for bucket, ids in by_bucket.items():
             if self.past.pending:
                 self._taken_meanwhile |= ids
@@ -604,6 +665,12 @@ class DueBook:
             soon = now + timedelta(seconds=self.refresh)
             return view.next_at is not None and view.next_at <= soon and refreshed
         return refreshed
+
+
+def _as_stored(at: datetime | None) -> datetime | None:
+    """A time as the store keeps it, and its change feed tells it: to the
+    millisecond (BSON's precision)."""
+    return None if at is None else at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 def _earliest(a: datetime | None, b: datetime) -> datetime:

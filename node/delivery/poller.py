@@ -52,7 +52,7 @@ import bisect
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -230,11 +230,11 @@ class BucketPoller:
 
     # -- signals from the rest of the node ---------------------------------------
 
-    def hint(self, bucket: int, due_at: datetime | None, inserted: str | None = None) -> None:
+    def hint(self, bucket: int, due_at: datetime | None) -> None:
         """A schedule of a held bucket falls due at ``due_at`` (None: not
         said): wake by then, and read the bucket again if its view would not
         have seen it (``DueBook.hint``)."""
-        sooner = self.book.hint(bucket, due_at, inserted, self.wall())
+        sooner = self.book.hint(bucket, due_at, now=self.wall())
         if sooner or self._wake_at is None or (due_at is not None and due_at < self._wake_at):
             self._wake.set()
 
@@ -253,7 +253,12 @@ class BucketPoller:
 
     def changed(self, change: DueChange) -> None:
         self.metrics.change_feed_events.inc()
-        self.hint(change.bucket, change.due_at, change.schedule_id if change.inserted else None)
+        # Not what the book knows already: a schedule it holds or took, a
+        # write of this node's own that it told the book itself (``_own_writes``).
+        if self.book.news(
+            change.bucket, change.schedule_id, change.due_at, inserted=change.inserted
+        ):
+            self.hint(change.bucket, change.due_at)
 
     def accepted(self, doc: dict[str, Any]) -> None:
         """This node stored ``doc`` in a held bucket: into the book, and wake
@@ -556,14 +561,45 @@ class BucketPoller:
 
     async def _write(self, completions: Sequence[Completion]) -> int:
         """Write completions. What goes back to PENDING (a retry, a chain's
-        next occurrence) is told to the book, so its bucket is read in time."""
-        written = await self.store.complete(completions)
+        next occurrence) is told to the book, so its bucket is read in time
+        (and the change feed's news of the same write is none)."""
+        pending: list[tuple[Claimed, datetime]] = []
         for completion in completions:
             occurrence = completion.occurrence
             due_at = completion.due_at or (occurrence.next_at if occurrence else None)
             if completion.status == Status.PENDING and due_at is not None:
-                self.book.hint(completion.claimed.bucket, due_at)
+                pending.append((completion.claimed, due_at))
+        async with self._own_writes((c, due_at) for c, due_at in pending):
+            written = await self.store.complete(completions)
+        for claimed, due_at in pending:
+            self.book.hint(claimed.bucket, due_at)
         return written
+
+    async def _unclaim(self, claims: Sequence[Claimed]) -> int:
+        """Put claims back to PENDING (their due times as they were): the
+        callers mark their buckets stale, and the change feed's news of the
+        same write is none."""
+        async with self._own_writes((c, None) for c in claims):
+            return await self.store.unclaim(claims)
+
+    @contextlib.asynccontextmanager
+    async def _own_writes(
+        self, writes: Iterable[tuple[Claimed, datetime | None]]
+    ) -> AsyncIterator[None]:
+        """Around a write of these back to PENDING (at a due time; None: as
+        it was), which this node tells its book of itself: the book knows
+        the change feed's news of it (``DueBook.wrote``). A write that fails
+        may have been applied all the same, and its news taken for ours:
+        their buckets are read again."""
+        written = list(writes)
+        for claimed, due_at in written:
+            self.book.wrote(claimed.bucket, claimed.id, due_at)
+        try:
+            yield
+        except BaseException:
+            self.book.unwritten(c.id for c, _due_at in written)
+            self.book.stale({c.bucket for c, _due_at in written})
+            raise
 
     async def _settle_left(self) -> None:
         """Finish what a failed round left, before anything new: write the
@@ -583,7 +619,7 @@ class BucketPoller:
         if self._unclaimed:
             claims, self._unclaimed = self._unclaimed, []
             try:
-                restored = await self.store.unclaim(claims)
+                restored = await self._unclaim(claims)
             except Exception:
                 self._unclaimed = claims + self._unclaimed
                 raise
@@ -740,7 +776,7 @@ class BucketPoller:
             if rest:
                 await self._write(rest)
             if put_back:
-                await self.store.unclaim(put_back)
+                await self._unclaim(put_back)
         except Exception:
             self._unsettled.extend([*decided.done, *decided.failed, *decided.deferred])
             self._unclaimed.extend(put_back)
