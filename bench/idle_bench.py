@@ -52,6 +52,7 @@ from bench.stack import (
 from bench.systems import Scheduler
 from bench.workloads import ratio
 from chaos.lab.cluster import LocalCluster
+from node.store.leases import held_now
 from node.store.schedules import ScheduleStore
 
 
@@ -114,11 +115,8 @@ async def load(client: Client, database: str, buckets: int, docs: list[dict[str,
 
 
 async def held_leases(client: Client, database: str) -> int:
-    """Leases unexpired now. A release sets ``expiresAt`` to the epoch
-    (node/store/leases.py), so an unexpired lease has an owner. The store
-    runs on this machine: its clock is ours."""
-    leases = client[database]["buckets"]
-    return await leases.count_documents({"expiresAt": {"$gt": datetime.now(UTC)}})
+    """Leases held now, under live sessions (node/store/leases.py)."""
+    return await held_now(client[database])
 
 
 async def wait_for_leases(

@@ -6,7 +6,7 @@ client each, as N nodes have), each wanting the buckets the placement gives
 it among N members, all at once:
 
 * acquire, the first ever (no lease document yet): takeable, take, ours;
-* renew (extend), every lease held;
+* renew (the session: one write, however many leases are held);
 * release, then acquire again (the documents exist, free);
 
 and for each, the round trips of the node that made the most, by command
@@ -61,9 +61,10 @@ from ring import PLACEMENT_VERSION, owned_by, place
 # Long enough that no call of a slow shape runs out of term (its ``within``).
 TTL = 600.0
 # Commands of the lease calls: takeable reads by aggregate, ours and tokens
-# by find, take, extend and release write by update; the first take of a
+# by find, take, the session renew and release write by update (the session
+# opened by an update and a delete); the first take of a
 # bucket on the embedded store inserts its free lease first.
-COMMANDS = ("aggregate", "find", "getMore", "insert", "update")
+COMMANDS = ("aggregate", "delete", "find", "getMore", "insert", "update")
 
 
 class Commands(CommandListener):

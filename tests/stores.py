@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from node.store.contract import AttemptHistory, BucketLeases, Schedules
@@ -72,6 +72,11 @@ class StoreKit:
         """Let the store's clock move on by ``seconds``."""
         raise NotImplementedError
 
+    async def put_legacy_lease(self, bucket: int, owner: str, *, seconds: float) -> None:
+        """A lease as a node before sessions wrote it: no holder, its own
+        expiry ``seconds`` from the store's now."""
+        raise NotImplementedError
+
 
 class MemoryKit(StoreKit):
     kind = "memory"
@@ -116,6 +121,15 @@ class MemoryKit(StoreKit):
     async def pass_time(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
+    async def put_legacy_lease(self, bucket: int, owner: str, *, seconds: float) -> None:
+        expires_at = self.clock() + timedelta(seconds=seconds)
+        self._leases.table[bucket] = {
+            "_id": bucket,
+            "owner": owner,
+            "token": 1,
+            "expiresAt": expires_at,
+        }
+
 
 class MongoKit(StoreKit):
     kind = "secantus"
@@ -156,3 +170,9 @@ class MongoKit(StoreKit):
         # The server's clock is this host's: once this much real time has
         # passed, so has the server's (a wait with a certain end, not a guess).
         await asyncio.sleep(seconds)
+
+    async def put_legacy_lease(self, bucket: int, owner: str, *, seconds: float) -> None:
+        expires_at = datetime.now(UTC) + timedelta(seconds=seconds)
+        await self.database.buckets.insert_one(
+            {"_id": bucket, "owner": owner, "token": 1, "expiresAt": expires_at}
+        )

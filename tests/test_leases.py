@@ -4,13 +4,14 @@ and MongoDB); a store slow or lost mid-write against MongoDB itself."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pymongo.errors import AutoReconnect
 
-from node.delivery.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, LeaseManager
+from node.delivery.leases import MAX_STRETCH, RECENT_ROUND_TRIPS, VERIFY_EVERY, LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.stalls import StallMeter
 from node.errors import StoreUnavailable
@@ -34,24 +35,42 @@ class FakeClock:
         return self.now
 
 
+@dataclass
+class Slowness:
+    """How slow the store is, shared by every collection a SlowStore wraps."""
+
+    delay: float = 0.0
+    paused: bool = False
+    lose_next_reply: bool = False
+
+
 class SlowStore:
-    """The buckets collection, with lease writes that take ``delay`` seconds of
-    the fake clock (a store saturated by a backlog, made deterministic), and
+    """A lease collection whose writes take ``delay`` seconds of the fake
+    clock (a store saturated by a backlog, made deterministic), and
     optionally a reply lost after the server applied the write. With a stall
     meter, the node's timer ticks through the delay unless ``paused`` (the
-    process stopped while the reply waited)."""
+    process stopped while the reply waited). ``of`` wraps another collection
+    (the holders beside the buckets) with the same settings."""
 
-    def __init__(self, collection: Any, clock: FakeClock, meter: StallMeter | None = None) -> None:
+    def __init__(
+        self,
+        collection: Any,
+        clock: FakeClock,
+        meter: StallMeter | None = None,
+        slowness: Slowness | None = None,
+    ) -> None:
         self.collection, self.clock, self.meter = collection, clock, meter
-        self.delay = 0.0
-        self.paused = False
-        self.lose_next_reply = False
+        self.slowness = slowness or Slowness()
+
+    def of(self, collection: Any) -> SlowStore:
+        return SlowStore(collection, self.clock, self.meter, self.slowness)
 
     def _elapse(self) -> None:
-        if self.meter is None or self.paused:
-            self.clock.now += self.delay
+        delay = self.slowness.delay
+        if self.meter is None or self.slowness.paused:
+            self.clock.now += delay
             return
-        end = self.clock.now + self.delay
+        end = self.clock.now + delay
         while self.clock.now < end:
             self.clock.now = min(end, self.clock.now + self.meter.tick)
             self.meter.ticked()
@@ -59,23 +78,41 @@ class SlowStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.collection, name)
 
-    async def update_many(self, *args: Any, **kwargs: Any) -> Any:
-        result = await self.collection.update_many(*args, **kwargs)
+    async def _written(self, result: Any) -> Any:
         self._elapse()
-        if self.lose_next_reply:
-            self.lose_next_reply = False
+        if self.slowness.lose_next_reply:
+            self.slowness.lose_next_reply = False
             raise AutoReconnect("reply lost after the write")
         return result
 
+    async def update_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._written(await self.collection.update_many(*args, **kwargs))
+
+    async def update_one(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._written(await self.collection.update_one(*args, **kwargs))
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._written(await self.collection.find_one_and_update(*args, **kwargs))
+
     async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
-        result = await self.collection.bulk_write(*args, **kwargs)
-        self._elapse()
-        return result
+        return await self._written(await self.collection.bulk_write(*args, **kwargs))
+
+
+def slow_lease_store(
+    mongo: Any, clock: FakeClock, meter: StallMeter | None = None
+) -> tuple[Slowness, LeaseStore]:
+    """A lease store whose lease and session writes are slowed alike."""
+    buckets = SlowStore(mongo.buckets, clock, meter)
+    store = LeaseStore(buckets, "a", holders=buckets.of(mongo.holders))  # type: ignore[arg-type]
+    return buckets.slowness, store
 
 
 async def seconds_left_on_server(mongo: Any, bucket: int) -> float:
-    doc = await mongo.buckets.find_one({"_id": bucket})
-    return float((doc["expiresAt"] - datetime.now(UTC)).total_seconds())
+    """Seconds until the session ``bucket``'s lease is held under ends, by
+    this host's clock (the server's)."""
+    lease = await mongo.buckets.find_one({"_id": bucket})
+    holder = await mongo.holders.find_one({"_id": lease["holder"]})
+    return float((holder["expiresAt"] - datetime.now(UTC)).total_seconds())
 
 
 def manager(
@@ -100,15 +137,61 @@ async def test_one_owner_per_bucket_and_release_hands_over(store: StoreKit) -> N
     }
 
 
-async def test_renew_keeps_leases_and_reports_lost_ones(store: StoreKit) -> None:
+async def test_renew_keeps_leases_and_a_verify_reports_one_taken(store: StoreKit) -> None:
     a = manager(store, "a")
     await a.acquire(range(BUCKETS))
+    before = await store.lease_docs()
     assert await a.renew() == []
-    # Another node took bucket 3 (its lease expired from the database's view).
+    # A renew writes the session, not the leases: not one lease document moved.
+    assert await store.lease_docs() == before
+    # Another process took bucket 3 under a live session of a (a second
+    # process under a's node id, say): the periodic read of the leases finds it.
     await store.steal_lease(3, "z")
-    assert await a.renew() == [3]
+    found = [await a.renew() for _ in range(VERIFY_EVERY)]
+    assert sorted(found) == [[]] * (VERIFY_EVERY - 1) + [[3]]
     assert 3 not in a.usable()
     assert a.losses == 1
+    assert await a.verify() == []
+
+
+async def test_a_session_ended_loses_every_lease_at_once_and_never_renews_again(
+    store: StoreKit,
+) -> None:
+    clock = FakeClock()
+    a = manager(store, "a", ttl=1.0, clock=clock)
+    b = manager(store, "b", ttl=1.0)
+    assert await a.acquire(range(BUCKETS)) == list(range(BUCKETS))
+    tokens = a.usable()
+
+    async def all_taken_by_b() -> bool:
+        await store.pass_time(0.25)
+        return await b.acquire(range(BUCKETS)) == list(range(BUCKETS))
+
+    # a stops renewing (a pause); its session ends by the store's clock, and
+    # b takes every bucket in one acquire.
+    await wait_until(all_taken_by_b, within=30, what="the ended session's leases to be taken")
+    assert b.usable() == {x: tokens[x] + 1 for x in range(BUCKETS)}
+    # a wakes up: its renew finds the session over (it is not revived) and
+    # every lease lost, though its local deadline may not have passed yet.
+    assert await a.renew() == list(range(BUCKETS))
+    assert a.usable() == {}
+    assert await a.renew() == []  # nothing held: nothing renewed
+    # Its next acquire opens a new session; b's leases are b's.
+    assert await a.acquire(range(BUCKETS)) == []
+
+
+async def test_a_lease_written_before_sessions_lasts_to_its_own_expiry(store: StoreKit) -> None:
+    """A format 1 lease (no holder, its own expiresAt: a node of an earlier
+    release still running) is not taken from it before it expires."""
+    a = manager(store, "a", ttl=1.0)
+    await store.put_legacy_lease(0, "old", seconds=1.0)
+    assert await a.acquire([0]) == []
+
+    async def taken() -> bool:
+        await store.pass_time(0.25)
+        return await a.acquire([0]) == [0]
+
+    await wait_until(taken, within=30, what="the old lease to expire")
 
 
 async def test_expired_lease_is_taken_by_the_database_clock(store: StoreKit) -> None:
@@ -156,7 +239,8 @@ async def test_four_thousand_buckets_are_held_renewed_and_handed_over_at_once(
     """B = 4,096: one acquire takes every bucket, one token each; one renew
     keeps them all; half are handed over. On the embedded store every call
     names them in bounded statements: none is missed or taken twice at a
-    statement's edge, and a lease lost in any statement is found."""
+    statement's edge, and a lease lost in any statement is found by a
+    verify."""
     many = 4096
     a, b = manager(store, "a"), manager(store, "b")
     assert await a.acquire(range(many)) == list(range(many))
@@ -172,7 +256,8 @@ async def test_four_thousand_buckets_are_held_renewed_and_handed_over_at_once(
     stolen = [1, 2 * IDS_PER_STATEMENT - 1, many - 1]
     for bucket in stolen:
         await store.steal_lease(bucket, "z")
-    assert await a.renew() == stolen
+    assert await a.renew() == []  # one write of a's session: it keeps the rest
+    assert await a.verify() == stolen
     assert await b.renew() == []
 
     docs = await store.lease_docs()
@@ -190,21 +275,22 @@ async def take_rechecks_every_bucket(a: BucketLeases, b: BucketLeases) -> None:
     more buckets than one statement of the embedded store names."""
     n = 3 * IDS_PER_STATEMENT + 5
     everything = list(range(n))
+    await a.open_session(30.0, within=30)
+    await b.open_session(30.0, within=30)
     assert await a.takeable(everything, within=30) == ([], everything)
     first_b = [0, IDS_PER_STATEMENT - 1, IDS_PER_STATEMENT, n - 1]
-    await b.take([], first_b, 30.0, within=30)
-    await a.take([], everything, 30.0, within=30)
+    await b.take([], first_b, within=30)
+    await a.take([], everything, within=30)
     assert await a.ours(everything, within=30) == {x: 1 for x in everything if x not in first_b}
 
     await a.release(everything, within=30)
     assert await b.takeable(everything, within=30) == (everything, [])
     # a takes some back before b writes what it found free.
     back_to_a = [1, IDS_PER_STATEMENT + 1, n - 2]
-    await a.take(back_to_a, [], 30.0, within=30)
-    await b.take(everything, [], 30.0, within=30)
+    await a.take(back_to_a, [], within=30)
+    await b.take(everything, [], within=30)
     expected = {x: ("a" if x in back_to_a else "b", 2) for x in everything}
     assert await a.tokens(everything, within=30) == expected
-    assert await b.extend(everything, 30.0, within=30) == n - len(back_to_a)
 
 
 async def test_take_rechecks_every_bucket_as_it_writes(store: StoreKit) -> None:
@@ -298,11 +384,11 @@ async def test_an_unfenced_manager_trusts_its_leases_past_deadline_and_loss(
     assert zombie.is_usable(1, tokens[1])
 
 
-def slow_manager(mongo: Any) -> tuple[FakeClock, SlowStore, LeaseManager]:
+def slow_manager(mongo: Any) -> tuple[FakeClock, Slowness, LeaseManager]:
     """A manager with a 6 s TTL whose lease writes go through a SlowStore."""
     clock = FakeClock()
-    store = SlowStore(mongo.buckets, clock)
-    return clock, store, LeaseManager(LeaseStore(store, "a"), 6.0, monotonic=clock)
+    slowness, store = slow_lease_store(mongo, clock)
+    return clock, slowness, LeaseManager(store, 6.0, monotonic=clock)
 
 
 async def renew_when_due(a: LeaseManager, clock: FakeClock, last_sent: float) -> float:
@@ -383,10 +469,8 @@ async def test_a_pause_of_the_process_does_not_stretch_the_term(mongo: Any) -> N
     # buckets this node takes back would wait 30 s on its next crash.
     clock = FakeClock()
     stalls = StallMeter(monotonic=clock)
-    store = SlowStore(mongo.buckets, clock, stalls)
-    a = LeaseManager(
-        LeaseStore(store, "a"), 6.0, monotonic=clock, stalled_since=stalls.stalled_since
-    )
+    store, leases = slow_lease_store(mongo, clock, stalls)
+    a = LeaseManager(leases, 6.0, monotonic=clock, stalled_since=stalls.stalled_since)
     assert await a.acquire([0]) == [0]
     store.delay, store.paused = 20.0, True  # the reply waits in the socket buffer
     await a.renew()

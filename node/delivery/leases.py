@@ -5,10 +5,12 @@ The lease documents and their queries are ``node/store/leases.py``.
 States of a bucket, from this node's side (after kazoo's SetPartitioner):
 
 * not held: another node holds it, or nobody wants it from here;
-* held: acquired with token ``t``; usable while the local deadline (last
-  successful renew sent + TTL - margin, on the monotonic clock) is ahead;
-* lost: a renew matched nothing (a newer owner took it) or the deadline
-  passed; work stops at once and the bucket counts as not held.
+* held: acquired with token ``t`` under this process's session; usable
+  while the local deadline (the session's last successful renew sent + term
+  - margin, on the monotonic clock) is ahead;
+* lost: the session ended (a renew found it over: every lease goes), a
+  verify found the lease another's, or the deadline passed; work stops at
+  once and the bucket counts as not held.
 
 A lease lasts ``term`` seconds: the configured TTL, stretched to three
 times the slowest of the last few lease round trips when the store is that
@@ -48,6 +50,12 @@ STRETCH = 3.0
 RECENT_ROUND_TRIPS = 8
 # However slow the store, a crashed owner's buckets wait at most this many TTLs.
 MAX_STRETCH = 5.0
+# Every this many renews the held leases are read back (``verify``): about
+# every 10 s at the default TTL. A lease is only taken from a live session
+# by a second process under the same node id or by hand, and the fencing
+# tokens keep that safe; reading 4,096 leases every renew would cost the
+# store what writing them did.
+VERIFY_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,9 @@ class Lease:
 class LeaseManager:
     """Acquires, renews and releases this node's bucket leases in bulk.
 
-    Each call is one or two round trips for all buckets together; a node
-    holding 256 buckets renews them with one ``bulk_write``.
+    Each call is one or two round trips for all buckets together; the leases
+    last as long as the node's session, so a renew is one write of one
+    document, whether the node holds 4 buckets or 4,096.
     """
 
     def __init__(
@@ -89,6 +98,10 @@ class LeaseManager:
         # checker can show that it catches the double claims that follow.
         self.unfenced = unfenced
         self._round_trips: deque[float] = deque(maxlen=RECENT_ROUND_TRIPS)
+        # The local deadline of the session the leases are held under (None:
+        # no session open, or it ended).
+        self._session_deadline: float | None = None
+        self._renews = 0
 
     @property
     def renew_interval(self) -> float:
@@ -138,7 +151,12 @@ class LeaseManager:
         return self.unfenced or lease.deadline > now
 
     async def renew(self) -> list[int]:
-        """Extend every held lease; returns the buckets found lost."""
+        """Extend the session every held lease lasts by (one write, however
+        many); returns the buckets found lost. Every VERIFY_EVERY renews the
+        leases are read as well, to find one taken under a live session (a
+        second process under this node's id, an operator's hand): the
+        fencing tokens keep such a lease's writes out either way, this only
+        stops the node asking."""
         self._drop_expired()
         if not self.held:
             return []
@@ -150,47 +168,81 @@ class LeaseManager:
         for bucket, lease in list(self.held.items()):
             if latest < lease.deadline:
                 self.held[bucket] = Lease(bucket, lease.token, latest)
+        if self._session_deadline is not None:
+            self._session_deadline = min(self._session_deadline, latest)
         held = dict(self.held)
-        matched = await self.store.extend(sorted(held), term, within=term)
+        alive = await self.store.renew_session(term, within=term)
         self._timed(sent)
-        kept = set(held)
-        if matched != len(held):
-            current = await self.store.tokens(list(held), within=term)
-            kept = {
-                b
-                for b, (owner, token) in current.items()
-                if owner == self.node_id and token == held[b].token
-            }
-        lost = [] if self.unfenced else sorted(set(held) - kept)
-        for bucket in kept:
+        self._renews += 1
+        if not alive and not self.unfenced:
+            self._session_deadline = None
+            lost = sorted(held)
+            for bucket in lost:
+                self._lose(bucket, "session ended")
+            return lost
+        self._session_deadline = self._deadline(sent, term)
+        for bucket in held:
             if self.held.get(bucket) == held[bucket]:
-                self.held[bucket] = Lease(bucket, held[bucket].token, self._deadline(sent, term))
+                self.held[bucket] = Lease(bucket, held[bucket].token, self._session_deadline)
+        if self._renews % VERIFY_EVERY == 0:
+            return await self.verify()
+        return []
+
+    async def verify(self) -> list[int]:
+        """Read the held leases back; returns those now another's (lost)."""
+        held = dict(self.held)
+        if not held:
+            return []
+        current = await self.store.tokens(list(held), within=self.term)
+        kept = {
+            b
+            for b, (owner, token) in current.items()
+            if owner == self.node_id and token == held[b].token
+        }
+        lost = [] if self.unfenced else sorted(set(held) - kept)
         for bucket in lost:
-            self._lose(bucket, "renew matched nothing")
+            if self.held.get(bucket) == held[bucket]:
+                self._lose(bucket, "taken by another")
         return lost
 
+    async def _session(self) -> float:
+        """The local deadline of this node's session, opening a new one when
+        there is none or its deadline has passed (the old one may still be
+        alive on the server; nothing is held under it here)."""
+        now = self.monotonic()
+        if self._session_deadline is None or self._session_deadline <= now:
+            term = self.term
+            await self.store.open_session(term, within=term)
+            self._timed(now)
+            self._session_deadline = self._deadline(now, term)
+        return self._session_deadline
+
     async def acquire(self, wanted: Iterable[int]) -> list[int]:
-        """Take every wanted bucket that is free, expired or already ours.
+        """Take every wanted bucket that is free, held under an ended session
+        or already ours.
 
         One read finds the candidates by the server's clock, one bulk write
         takes them, one read learns the new tokens (node/store/leases.py).
+        A lease taken lasts as long as the session it is taken under: its
+        local deadline is the session's.
         """
         self._drop_expired()
         want = set(wanted) - set(self.held)
         if not want:
             return []
+        deadline = await self._session()
         term = self.term
         takeable, unseen = await self.store.takeable(want, within=term)
         candidates = sorted([*takeable, *unseen])
         if not candidates:
             return []
         sent = self.monotonic()
-        await self.store.take(takeable, unseen, term, within=term)
+        await self.store.take(takeable, unseen, within=term)
         self._timed(sent)
         won = await self.store.ours(candidates, within=term)
         gained = []
         for bucket, token in sorted(won.items()):
-            self.held[bucket] = Lease(bucket, token, self._deadline(sent, term))
+            self.held[bucket] = Lease(bucket, token, deadline)
             gained.append(bucket)
         if gained:
             log.info("leases acquired", buckets=len(gained), held=len(self.held))

@@ -412,37 +412,47 @@ class Schedules(Protocol):
 
 
 class BucketLeases(Protocol):
-    """One lease per bucket, ``{_id: bucket, owner, token, expiresAt,
-    acquiredAt}``, as this node (``node_id``) sees and writes them.
+    """One lease per bucket, ``{_id: bucket, owner, holder, token,
+    acquiredAt}``, and one holder document per session of a node's process,
+    ``{_id: holder, node, expiresAt}``, as this node (``node_id``) sees and
+    writes them.
 
-    Expiry is judged by the store's clock, never a node's, so nodes' wall
-    clocks never decide who owns what. Every call is one round trip for all
-    the buckets it names and takes ``within``, the seconds it may take: a
-    lease answer later than the lease's term is worth nothing. The book a
-    node keeps of its own leases is ``node/delivery/leases.py``."""
+    A node's leases last as long as its session: renewing is one write of
+    the holder document, whatever the number of buckets (4,096 lease
+    documents rewritten every renew interval were the whole store's idle
+    work, bench idle). A session ends when its holder document expires by
+    the store's clock (never a node's) and never renews after that, so a
+    lease under an ended session stays takeable; the next session of the
+    node is a new holder. Every call is one round trip for all the buckets
+    it names and takes ``within``, the seconds it may take: a lease answer
+    later than the lease's term is worth nothing. The book a node keeps of
+    its own leases is ``node/delivery/leases.py``."""
 
     node_id: str
 
+    async def open_session(self, term: float, within: float) -> None:
+        """Begin a new session of this node, alive ``term`` seconds from the
+        store's now; leases taken from here on are held under it."""
+
+    async def renew_session(self, term: float, within: float) -> bool:
+        """Extend the session to ``term`` seconds from the store's now, if it
+        has not ended; False if it has (every lease under it is lost) or none
+        was opened."""
+
     async def takeable(self, buckets: Iterable[int], within: float) -> tuple[list[int], list[int]]:
-        """Of ``buckets``: those free, expired or already ours, by the store's
-        clock (``statements.lease_takeable``); and those never leased (no
+        """Of ``buckets``: those free, held under an ended session or already
+        ours (``statements.lease_takeable``); and those never leased (no
         document yet)."""
 
-    async def take(
-        self, takeable: list[int], unseen: list[int], term: float, within: float
-    ) -> None:
+    async def take(self, takeable: list[int], unseen: list[int], within: float) -> None:
         """Take each bucket that is still takeable (re-checked atomically: one
         taken since ``takeable`` is not matched; an unseen one another node
-        created meanwhile is its): owner us, expiry ``term`` seconds from the
-        store's now, and the token up by one (the fencing token)."""
+        created meanwhile is its): owner us, under the open session (the
+        lease lasts as long as it), and the token up by one (the fencing
+        token)."""
 
     async def ours(self, buckets: list[int], within: float) -> dict[int, int]:
         """bucket -> token, for those of ``buckets`` this node holds now."""
-
-    async def extend(self, buckets: list[int], term: float, within: float) -> int:
-        """Extend our leases of ``buckets`` to ``term`` seconds from the store's
-        now; returns how many matched (fewer: some were lost, ``tokens`` says
-        which)."""
 
     async def tokens(self, buckets: list[int], within: float) -> dict[int, tuple[str | None, int]]:
         """bucket -> (owner, token) as stored, for those of ``buckets`` leased once."""

@@ -36,7 +36,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from node.errors import ScheduleConflict, StoreUnavailable
@@ -65,8 +65,6 @@ from node.store.documents import schedule_document
 from node.store.emulation import Document, apply, matches, project, sort, stored
 from node.store.listing import Listing, Page, Selector
 from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Clock = Callable[[], datetime]
 P = ParamSpec("P")
@@ -533,63 +531,83 @@ class MemorySchedules(Faults):
 
 
 class MemoryLeases(Faults):
-    """``contract.BucketLeases`` in memory: one node's view (``node_id``) of
-    a lease table that other nodes' views share (``of``). Expiry is judged
-    by the injected clock, the store's."""
+    """``contract.BucketLeases`` in memory: ``table`` holds the lease
+    documents, ``holders`` the sessions, both shared by every node's view
+    (``of``) as one database holds them."""
 
     def __init__(
-        self, node_id: str, clock: Clock, table: dict[int, dict[str, Any]] | None = None
+        self,
+        node_id: str,
+        clock: Clock,
+        table: dict[int, dict[str, Any]] | None = None,
+        holders: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.node_id = node_id
         self.clock = clock
         self.table: dict[int, dict[str, Any]] = {} if table is None else table
+        self.holders: dict[str, dict[str, Any]] = {} if holders is None else holders
+        self.holder: str | None = None
 
     def of(self, node_id: str) -> MemoryLeases:
         """Another node's view of the same leases."""
-        return MemoryLeases(node_id, self.clock, self.table)
+        return MemoryLeases(node_id, self.clock, self.table, self.holders)
+
+    @_store_call
+    async def open_session(self, term: float, within: float) -> None:
+        # Numbered, not random: a simulation replays the same holders.
+        self.holder = f"{self.node_id}/{len(self.holders) + 1}"
+        self.holders[self.holder] = {
+            "_id": self.holder,
+            "node": self.node_id,
+            "expiresAt": _expires_at(self.clock(), term),
+        }
+
+    @_store_call
+    async def renew_session(self, term: float, within: float) -> bool:
+        now = self.clock()
+        holder = self.holders.get(self.holder or "")
+        if holder is None or not statements.holder_alive(holder, now):
+            return False
+        holder["expiresAt"] = _expires_at(now, term)
+        return True
+
+    def _live(self, now: datetime) -> set[str]:
+        return {h for h, doc in self.holders.items() if statements.holder_alive(doc, now)}
 
     @_store_call
     async def takeable(self, buckets: Iterable[int], within: float) -> tuple[list[int], list[int]]:
         now = self.clock()
+        live = self._live(now)
         wanted = sorted(buckets)
         takeable = [
             b
             for b in wanted
-            if b in self.table and statements.lease_takeable(self.table[b], self.node_id, now)
+            if b in self.table and statements.lease_takeable(self.table[b], self.node_id, live, now)
         ]
         return takeable, [b for b in wanted if b not in self.table]
 
     @_store_call
-    async def take(
-        self, takeable: list[int], unseen: list[int], term: float, within: float
-    ) -> None:
+    async def take(self, takeable: list[int], unseen: list[int], within: float) -> None:
         now = self.clock()
+        live = self._live(now)
         for bucket in [*takeable, *unseen]:
             lease = self.table.get(bucket)
             if lease is None and bucket not in unseen:
                 continue  # an update without upsert: nothing to match
-            if lease is not None and not statements.lease_takeable(lease, self.node_id, now):
+            if lease is not None and not statements.lease_takeable(lease, self.node_id, live, now):
                 continue  # taken since (the upsert's duplicate key: another node won)
             self.table[bucket] = {
                 "_id": bucket,
                 "owner": self.node_id,
+                "holder": self.holder,
                 "token": int((lease or {}).get("token", 0)) + 1,
-                "expiresAt": _expires_at(now, term),
                 "acquiredAt": now,
             }
 
     @_store_call
     async def ours(self, buckets: list[int], within: float) -> dict[int, int]:
         return {b: int(self.table[b]["token"]) for b in buckets if self._mine(b)}
-
-    @_store_call
-    async def extend(self, buckets: list[int], term: float, within: float) -> int:
-        expires_at = _expires_at(self.clock(), term)
-        mine = [b for b in set(buckets) if self._mine(b)]
-        for bucket in mine:
-            self.table[bucket]["expiresAt"] = expires_at
-        return len(mine)
 
     @_store_call
     async def tokens(self, buckets: list[int], within: float) -> dict[int, tuple[str | None, int]]:
@@ -603,7 +621,7 @@ class MemoryLeases(Faults):
     async def release(self, buckets: list[int], within: float) -> None:
         for bucket in buckets:
             if self._mine(bucket):
-                self.table[bucket].update(owner=None, expiresAt=EPOCH)
+                self.table[bucket].update(owner=None, holder=None)
 
     @_store_call
     async def all(self) -> list[dict[str, Any]]:

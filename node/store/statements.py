@@ -348,11 +348,29 @@ def change_update(change: Change, now: datetime, retention: timedelta) -> dict[s
 # -- leases ----------------------------------------------------------------------
 
 
-def lease_takeable(lease: dict[str, Any], node_id: str, now: datetime) -> bool:
-    """A lease ``node_id`` may take at the store's ``now``: free, already
-    its own, or expired. (The Mongo store asks the same as an expression
-    evaluated by the server's clock: ``leases.LeaseStore._takeable_expr``.)"""
+def lease_takeable(
+    lease: dict[str, Any], node_id: str, live_holders: Collection[str], now: datetime
+) -> bool:
+    """A lease ``node_id`` may take at the store's ``now``: free, already its
+    own (a restart under the same node id), or held under a session that has
+    ended (its holder document expired by the store's clock, or gone). An
+    ended session never renews again (``holder_alive``), so a lease found
+    takeable this way stays so until someone takes it. A lease written
+    before sessions (no ``holder``: format 1, a node of an earlier release)
+    lasts to its own ``expiresAt``, as it did then. (The Mongo store asks
+    the same of the documents: ``leases.LeaseStore``.)"""
     owner = lease.get("owner")
+    if owner is None or owner == node_id:
+        return True
+    if "holder" in lease:
+        return lease["holder"] not in live_holders
     expires_at = lease.get("expiresAt")
     # No expiry at all counts as expired, as null sorts first on the server.
-    return owner is None or owner == node_id or expires_at is None or expires_at < now
+    return expires_at is None or expires_at < now
+
+
+def holder_alive(holder: dict[str, Any], now: datetime) -> bool:
+    """A lease holder's session is alive until its ``expiresAt`` by the
+    store's clock; past it, the session has ended for good."""
+    expires_at = holder.get("expiresAt")
+    return expires_at is not None and expires_at > now
