@@ -26,6 +26,9 @@ from node.ops.tail import topic_consumer
 from node.process import Node
 from tests.stores import MemoryKit, MongoKit, StoreKit, VirtualClock
 
+# The fixtures of the tests in virtual time.
+pytest_plugins = ["tests.virtual"]
+
 HOST = "127.0.0.1"
 _names = itertools.count()
 # Nodes refuse to gossip unsigned unless told: the tests' nodes sign with

@@ -20,21 +20,6 @@ A = "https://a.example/hook"
 B = "https://b.example/hook"
 
 
-@pytest.fixture
-def time() -> VirtualTime:
-    return VirtualTime()
-
-
-@pytest.fixture
-def schedules(time: VirtualTime) -> MemorySchedules:
-    return MemorySchedules(1, time.wall)
-
-
-@pytest.fixture
-def leases(time: VirtualTime) -> MemoryLeases:
-    return MemoryLeases("", time.wall)
-
-
 async def owner(
     time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases, **options: Any
 ) -> Owner:

@@ -18,23 +18,6 @@ from node.store.contract import Claimed
 from node.store.memory import MemoryLeases, MemorySchedules
 from tests.virtual import Owner, VirtualTime, header, schedule
 
-BUCKETS = 1  # one bucket unless a test needs more: every schedule is in bucket 0
-
-
-@pytest.fixture
-def time() -> VirtualTime:
-    return VirtualTime()
-
-
-@pytest.fixture
-def schedules(time: VirtualTime) -> MemorySchedules:
-    return MemorySchedules(BUCKETS, time.wall)
-
-
-@pytest.fixture
-def leases(time: VirtualTime) -> MemoryLeases:
-    return MemoryLeases("", time.wall)
-
 
 @pytest.fixture
 async def a(time: VirtualTime, schedules: MemorySchedules, leases: MemoryLeases) -> Owner:

@@ -25,13 +25,8 @@ DAY = 86400.0
 
 
 @pytest.fixture
-def time() -> VirtualTime:
-    return VirtualTime()
-
-
-@pytest.fixture
-def schedules(time: VirtualTime) -> MemorySchedules:
-    return MemorySchedules(BUCKETS, time.wall)
+def buckets() -> int:
+    return BUCKETS
 
 
 async def add(schedules: MemorySchedules, time: VirtualTime, schedule_id: str, in_s: float) -> Any:

@@ -3,6 +3,9 @@ the memory store (``node/store/memory.py``) judging by it, a publisher that
 records what it is given, and owners (a lease book and a poller each) that
 a test drives round by round. No real sleeping, no sockets: a test of many
 virtual minutes runs in milliseconds (trio's MockClock; STYLE.md).
+
+Its fixtures (``time``, ``schedules`` of ``buckets`` buckets, ``leases``)
+are every test's (``tests/conftest.py``); a module overrides ``buckets``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
+
+import pytest
 
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
@@ -70,6 +75,27 @@ class VirtualTime:
     def at(self, seconds: float) -> datetime:
         """The wall time ``seconds`` after the start."""
         return self.start + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def time() -> VirtualTime:
+    return VirtualTime()
+
+
+@pytest.fixture
+def buckets() -> int:
+    """One bucket unless a module says more: every schedule is in bucket 0."""
+    return 1
+
+
+@pytest.fixture
+def schedules(time: VirtualTime, buckets: int) -> MemorySchedules:
+    return MemorySchedules(buckets, time.wall)
+
+
+@pytest.fixture
+def leases(time: VirtualTime) -> MemoryLeases:
+    return MemoryLeases("", time.wall)
 
 
 class RecordingPublisher:
