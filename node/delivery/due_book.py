@@ -144,6 +144,7 @@ class _View:
     _docs: list[Doc] = field(default_factory=list)
     _behind: list[Doc] = field(default_factory=list)
     _routes: Routes | None = None  # of both, built when asked after a change
+    _ids: frozenset[str] | None = None  # of both, likewise
 
     @property
     def docs(self) -> list[Doc]:
@@ -152,7 +153,7 @@ class _View:
 
     @docs.setter
     def docs(self, docs: list[Doc]) -> None:
-        self._docs, self._routes = docs, None
+        self._docs, self._routes, self._ids = docs, None, None
 
     @property
     def behind(self) -> list[Doc]:
@@ -162,10 +163,18 @@ class _View:
 
     @behind.setter
     def behind(self, docs: list[Doc]) -> None:
-        self._behind, self._routes = docs, None
+        self._behind, self._routes, self._ids = docs, None, None
 
     def all_docs(self) -> list[Doc]:
         return [*self._docs, *self._behind]
+
+    def ids(self) -> frozenset[str]:
+        """The ids of all of it: what the change feed tells of every insert
+        is looked up in (a scan of a view of hundreds per event, each of a
+        busy cluster's inserts in a held bucket), built once a change."""
+        if self._ids is None:
+            self._ids = frozenset(d["_id"] for d in self.all_docs())
+        return self._ids
 
     def routes(self) -> Routes:
         """All of it by route (``routes.py``): what a round asks of every view."""
@@ -357,7 +366,7 @@ class DueBook:
                 continue
             if doc["_id"] in self._taken_meanwhile:
                 continue
-            if all(d["_id"] != doc["_id"] for d in view.all_docs()):
+            if doc["_id"] not in view.ids():
                 view.behind = sorted([*view.behind, doc], key=_due)
                 missed = missed or self.past.covers(doc)
         self._taken_meanwhile = set()
@@ -417,7 +426,7 @@ class DueBook:
             view = self._views.get(bucket)
             return not (
                 schedule_id in self._recently_taken
-                or (view is not None and any(d["_id"] == schedule_id for d in view.docs))
+                or (view is not None and schedule_id in view.ids())
             )
         written = self._written.pop(schedule_id)
         return written is None or written != (bucket, due_at)
@@ -451,7 +460,7 @@ class DueBook:
         view = self._views.get(int(doc["bucket"]))
         if view is None:
             return False
-        if any(d["_id"] == doc["_id"] for d in view.all_docs()):
+        if doc["_id"] in view.ids():
             return True  # a read returned it already (it landed before the read)
         covered = view.read_at is not None and view.until is not None and _due(doc) <= view.until
         # A full view holds its bucket's earliest schedules: the new one joins
