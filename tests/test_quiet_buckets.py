@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from node.delivery.poller import RECOVERY_SWEEP, SWEEP_RATE, SWEEP_SLICE
 from node.schedule import changes
 from node.schedule.changes import Change
 from node.store.memory import MemoryLeases, MemorySchedules
@@ -92,6 +93,32 @@ async def test_a_bucket_with_nothing_due_is_not_read_again(
     before = reads(schedules)
     await polling.run(60.0)
     assert reads(schedules) - before >= 59 * BUCKETS
+
+
+async def test_the_in_flight_sweep_searches_every_bucket_in_turn_at_a_rate_fixed_per_node(
+    schedules: MemorySchedules, owner: Owner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an idle node still asks per bucket: the search for claims left
+    in flight. It goes round the held buckets in turn at SWEEP_RATE a second
+    at most, so its cost per node is the same at 64 buckets or 4,096."""
+    await owner.run(2.0)  # the buckets gained were searched as gained
+    searched: list[int] = []
+    recover = schedules.recover_in_flight
+
+    async def counted(tokens: Any, stranded_before: Any = None) -> list[str]:
+        searched.extend(tokens)
+        return await recover(tokens, stranded_before)
+
+    monkeypatch.setattr(schedules, "recover_in_flight", counted)
+    seconds = 300.0
+    await owner.run(seconds)
+    rate = min(SWEEP_RATE, BUCKETS / RECOVERY_SWEEP)
+    assert len(searched) <= rate * seconds + SWEEP_SLICE
+    # Round the buckets in turn: each as often as any other, give or take one.
+    per_bucket = Counter(searched)
+    assert set(per_bucket) == set(range(BUCKETS))
+    assert max(per_bucket.values()) - min(per_bucket.values()) <= 1
+    assert min(per_bucket.values()) >= int(rate * seconds / BUCKETS) - 1
 
 
 async def test_a_schedule_stored_before_the_feed_opened_is_read_at_its_due_time(
