@@ -21,10 +21,16 @@ in the database at first use, so each run has a fresh database of its own):
   trips, not documents), the store's CPU seconds per second and the nodes'
   (summed over them).
 
-The ratios are B = 4,096 over B = 256 at the same N: what more buckets cost
-a cluster doing nothing (each held bucket is a lease to renew and a view of
-due work to keep). Ratios within the run only: the machine is shared, the
-store is one Python process, and the figures of one run are not another's.
+The same N at the first B then runs again polling (``WATCH_CHANGES=off``:
+every idle bucket read once a ``POLL_INTERVAL``, as every node did before
+the change feed). The ratios are B = 4,096 over B = 256 at the same N (what
+more buckets cost a cluster doing nothing: each held bucket is a view of due
+work to keep, and a lease), and the quiet cluster over the polling one at
+B = 256. Ratios within the run only: the machine is shared, the store is one
+Python process, and the figures of one run are not another's. The store
+runs without its expiry sweep (``embedded_servers``): a minute's walk of
+every document, in whichever window it fell, was the largest cost of an
+idle store and none of the scheduler's.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ class Plan:
     lease_deadline: float
     settle: float  # seconds between the leases held and the window
     window: float  # seconds measured
+    # Node counts run again polling (WATCH_CHANGES=off), at the first B.
+    polling: tuple[int, ...] = (1, 3)
 
 
 FULL = Plan(
@@ -145,13 +153,24 @@ async def wait_for_leases(
 
 
 async def measure(
-    servers: Servers, plan: Plan, processes: int, buckets: int, docs: list[dict[str, Any]]
+    servers: Servers,
+    plan: Plan,
+    processes: int,
+    buckets: int,
+    docs: list[dict[str, Any]],
+    *,
+    polling: bool = False,
 ) -> dict[str, Any]:
     """One cluster of ``processes`` nodes and ``buckets`` buckets over ``docs``,
-    on a database of its own, dropped after."""
-    database = f"idle_n{processes}_b{buckets}"
-    print(f"  N={processes} B={buckets}: loading {len(docs):,} ...", flush=True)
-    system = Scheduler(env={"BUCKETS": str(buckets)})
+    on a database of its own, dropped after; ``polling``: without the
+    change feed."""
+    database = f"idle_n{processes}_b{buckets}{'_polling' if polling else ''}"
+    print(
+        f"  N={processes} B={buckets}{' polling' if polling else ''}: loading {len(docs):,} ...",
+        flush=True,
+    )
+    env = {"BUCKETS": str(buckets), **({"WATCH_CHANGES": "off"} if polling else {})}
+    system = Scheduler(env=env)
     try:
         async with servers.client() as client:
             await load(client, database, buckets, docs)
@@ -176,6 +195,7 @@ async def measure(
     return {
         "processes": processes,
         "buckets": buckets,
+        "polling": polling,
         "pending": len(docs),
         "nodes_ready_s": ready_s,
         "leases": {**leases, "of": buckets, "deadline_s": plan.lease_deadline},
@@ -234,13 +254,18 @@ async def idle_window(servers: Servers, node_pids: list[int], seconds: float) ->
 
 async def run(plan: Plan) -> dict[str, Any]:
     rows = []
-    with embedded_servers("bench-idle-") as servers:
+    with embedded_servers("bench-idle-", ttl_sweep=False) as servers:
         for buckets in plan.buckets:
             # The same schedules for every N: a bucket count of their own.
             due = later(plan, datetime.now(UTC))
             docs = documents(due, "bench.idle", "idle", buckets=buckets)
             for processes in plan.nodes:
                 rows.append(await measure(servers, plan, processes, buckets, docs))
+            if buckets == plan.buckets[0]:
+                for processes in plan.polling:
+                    rows.append(
+                        await measure(servers, plan, processes, buckets, docs, polling=True)
+                    )
     result: dict[str, Any] = {
         "suite": "idle",
         "when": iso(datetime.now(UTC)),
@@ -256,17 +281,26 @@ FIGURES = ("store_ops_per_s_total", "store_cpu_per_s", "node_cpu_per_s")
 
 
 def ratios(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """N -> B -> figure -> that figure at B over the same at the plan's first
-    B, the same N (NaN where either run is missing)."""
+    """N -> B (or "polling") -> figure -> that figure at B over the same at
+    the plan's first B, the same N; "polling": the quiet cluster at the
+    first B over the same cluster polling (NaN where either run is
+    missing)."""
     base = result["plan"]["buckets"][0]
-    rows = {(r["processes"], r["buckets"]): r for r in result["runs"]}
+    rows = {(r["processes"], r["buckets"], r.get("polling", False)): r for r in result["runs"]}
     out: dict[str, dict[str, dict[str, float]]] = {}
+
+    def over(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, float]:
+        return {f: ratio(a[f], b[f]) if a and b else float("nan") for f in FIGURES}
+
     for n in result["plan"]["nodes"]:
         for b in result["plan"]["buckets"][1:]:
-            over, under = rows.get((n, b)), rows.get((n, base))
-            out.setdefault(str(n), {})[str(b)] = {
-                f: ratio(over[f], under[f]) if over and under else float("nan") for f in FIGURES
-            }
+            out.setdefault(str(n), {})[str(b)] = over(
+                rows.get((n, b, False)), rows.get((n, base, False))
+            )
+        if n in result["plan"].get("polling", ()):
+            out.setdefault(str(n), {})["polling"] = over(
+                rows.get((n, base, False)), rows.get((n, base, True))
+            )
     return out
 
 
@@ -294,10 +328,13 @@ def render(result: dict[str, Any]) -> str:
         + " ".join(f"{k:>8}" for k in kinds)
         + f" {'store cpu/s':>11} {'nodes cpu/s':>11}  leases (from the first node's start)",
     ]
-    for r in sorted(result["runs"], key=lambda r: (r["processes"], r["buckets"])):
+    for r in sorted(
+        result["runs"], key=lambda r: (r.get("polling", False), r["processes"], r["buckets"])
+    ):
         per_kind = r["store_ops_per_s"]
+        polled = " polling" if r.get("polling") else ""
         lines.append(
-            f"{r['processes']:>2} {r['buckets']:>5} {r['store_ops_per_s_total']:>11,.1f} "
+            f"{r['processes']:>2} {r['buckets']:>5}{polled} {r['store_ops_per_s_total']:>11,.1f} "
             + " ".join(f"{per_kind[k]:>8,.1f}" for k in kinds)
             + f" {r['store_cpu_per_s']:>11.3f} {r['node_cpu_per_s']:>11.3f}  "
             + lease_text(r["leases"], r["buckets"], plan["lease_deadline"])
@@ -308,8 +345,9 @@ def render(result: dict[str, Any]) -> str:
     base = plan["buckets"][0]
     for n, by_b in result["ratios"].items():
         for b, f in by_b.items():
+            what = f"B={base} quiet over polling" if b == "polling" else f"B={b} over B={base}"
             lines.append(
-                f"N={n}, B={b} over B={base}: store ops/s {f['store_ops_per_s_total']:.2f}x, "
+                f"N={n}, {what}: store ops/s {f['store_ops_per_s_total']:.2f}x, "
                 f"store cpu/s {f['store_cpu_per_s']:.2f}x, nodes cpu/s {f['node_cpu_per_s']:.2f}x"
             )
     return "\n".join(lines)

@@ -77,17 +77,26 @@ class Servers:
 
 
 @contextlib.contextmanager
-def embedded_servers(prefix: str) -> Iterator[Servers]:
-    """A fresh embedded MongoDB and Kafka for one benchmark run."""
+def embedded_servers(prefix: str, *, ttl_sweep: bool = True) -> Iterator[Servers]:
+    """A fresh embedded MongoDB and Kafka for one benchmark run. Without
+    ``ttl_sweep`` the store never runs its expiry sweep (SecantusDB walks every
+    document of every collection with a TTL index once a minute: 100,000
+    pending schedules cost it more than an idle cluster's whole work, in
+    whichever window it falls; a MongoDB server's TTL monitor walks the
+    index of expiry times only)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         scratch = Path(tmp)
         mongo_port, kafka_port = embedded.free_port(HOST), embedded.free_port(HOST)
+        config = None
+        if not ttl_sweep:
+            config = scratch / "secantusd.toml"
+            config.write_text("[storage]\nttl_sweep_seconds = 0\n")
         with (
             (scratch / "mongodb.log").open("ab") as mongo_log,
             (scratch / "kafka.log").open("ab") as kafka_log,
         ):
             mongo = embedded.spawn(
-                embedded.mongo_argv(HOST, mongo_port, scratch / "mongo"), log=mongo_log
+                embedded.mongo_argv(HOST, mongo_port, scratch / "mongo", config), log=mongo_log
             )
             kafka = embedded.spawn(embedded.kafka_argv(HOST, kafka_port), log=kafka_log)
             try:

@@ -188,10 +188,13 @@ def test_the_store_floor_claims_and_marks_every_record_in_one_statement_each(
 
 
 def test_the_idle_suite_sets_each_bucket_count_over_the_first_at_the_same_n() -> None:
-    def row(n: int, b: int, ops: float, store: float, nodes: float, held: int) -> Any:
+    def row(
+        n: int, b: int, ops: float, store: float, nodes: float, held: int, polling: bool = False
+    ) -> Any:
         return {
             "processes": n,
             "buckets": b,
+            "polling": polling,
             "leases": {
                 "held": held,
                 "held_s": 2.0 if held == b else None,
@@ -209,15 +212,23 @@ def test_the_idle_suite_sets_each_bucket_count_over_the_first_at_the_same_n() ->
     result: dict[str, Any] = {
         "plan": plan,
         "runs": [row(1, 256, 10, 0.1, 0.2, 256), row(1, 4096, 40, 0.5, 0.4, 4096),
-                 row(3, 256, 30, 0.3, 0.6, 256), row(3, 4096, 60, 0.6, 1.8, 1000)],
+                 row(3, 256, 30, 0.3, 0.6, 256), row(3, 4096, 60, 0.6, 1.8, 1000),
+                 row(1, 256, 200, 0.4, 0.8, 256, polling=True)],
     }  # fmt: skip
     result["ratios"] = idle_bench.ratios(result)
     assert result["ratios"]["1"]["4096"] == pytest.approx(
         {"store_ops_per_s_total": 4.0, "store_cpu_per_s": 5.0, "node_cpu_per_s": 2.0}
     )
     assert result["ratios"]["3"]["4096"]["node_cpu_per_s"] == pytest.approx(3.0)
+    # The quiet cluster over the same polling, at the first B; N = 3 did not poll here.
+    assert result["ratios"]["1"]["polling"] == pytest.approx(
+        {"store_ops_per_s_total": 0.05, "store_cpu_per_s": 0.25, "node_cpu_per_s": 0.25}
+    )
+    assert all(math.isnan(v) for v in result["ratios"]["3"]["polling"].values())
     text = idle_bench.render(result)
     assert "leases held: 4096/4096 after 2.0 s, settled after 2.5 s" in text
     # A run whose leases did not all come says so, with its deadline.
     assert f"leases held: 1000/4096: NOT all held after {plan['lease_deadline']:g} s" in text
     assert "N=3, B=4096 over B=256: store ops/s 2.00x" in text
+    assert "N=1, B=256 quiet over polling: store ops/s 0.05x" in text
+    assert " 1   256 polling       200.0" in text
