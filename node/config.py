@@ -397,8 +397,9 @@ SETTINGS: tuple[Setting, ...] = (
         # writes and less room for a slow renew (TTL - TTL/3 - margin) before
         # a node stops work, though a slow store stretches the term (node/leases.py);
         # exclusivity never depends on it (fencing tokens).
-        help="seconds a bucket lease lasts without renewal (longer while lease writes are "
-        "slow, see Ownership); renewed every TTL/3",
+        help="seconds a node's session, and with it every bucket lease it holds, lasts "
+        "without renewal (longer while lease writes are slow, see Ownership); renewed "
+        "every TTL/3, one write",
     ),
     Setting(
         attr="poll_interval",
