@@ -125,7 +125,9 @@ async def test_a_schedule_stored_before_the_feed_opened_is_read_at_its_due_time(
     time: VirtualTime, schedules: MemorySchedules, owner: Owner
 ) -> None:
     """What was stored before is known from the read's peek: its next due
-    time, the only time the view is read again."""
+    time, the only time the view is read again. What is stored later, due
+    within the view's bound (a minute ahead) but not soon, brings the bound
+    down to it: read a refresh before it is due, not when told."""
     await owner.run(2.0)
     first = reads(schedules)
     doc = await add(schedules, time, "soon", 40.0)  # told by the feed: not a read
