@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from bench.receiver import Receiver, ReceiverReader
-from bench.stack import Delivery, Servers, TopicReader, documents, http_documents
+from bench.stack import BUCKETS, Delivery, Servers, TopicReader, documents, http_documents
 
 
 class Reader(Protocol):
@@ -70,13 +70,14 @@ class Kafka:
     servers: Servers
     name: str = "kafka"
     role: str = "broker"
+    buckets: int = BUCKETS  # the BUCKETS of the nodes the run starts
 
     @staticmethod
     def topic(run: str) -> str:
         return f"bench.{run}"
 
     def documents(self, run: str, count: int) -> list[dict[str, Any]]:
-        return documents([datetime.now(UTC)] * count, self.topic(run), run)
+        return documents([datetime.now(UTC)] * count, self.topic(run), run, buckets=self.buckets)
 
     def judges(self, doc: dict[str, Any]) -> bool:
         return True

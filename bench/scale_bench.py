@@ -5,7 +5,9 @@ On one embedded store and broker, one after the other on fresh databases:
 
 * 20,000 due at once at N = 1, 2, 3, 4 node processes: records/s, the
   owners' documents read per delivered record, the store's CPU s per 1,000
-  delivered, and how soon the first record went out;
+  delivered, and how soon the first record went out; at N = 1, 2, 3 the
+  same again at B = 4,096 buckets (a database of its own), right after the
+  B = 256 run of the same N: what 16 times the buckets cost a burst;
 * 2,000 due at once at N = 1, 2, 3: the first record's lateness;
 * at N = 1, the same burst and an idle window with 100,000 schedules
   pending two days ahead, against an empty collection, in the same run:
@@ -29,6 +31,7 @@ from typing import Any
 
 from bench import workloads
 from bench.delivery_bench import Runner, machine
+from bench.destinations import Kafka
 from bench.stack import documents, embedded_servers, insert, operations_between, store_operations
 from bench.systems import Scheduler
 from bench.workloads import ratio
@@ -44,6 +47,7 @@ class Plan:
     future_burst: int
     idle_seconds: float
     tail: float
+    wide_nodes: tuple[int, ...] = (1, 2, 3)  # the burst again at WIDE buckets
 
 
 FULL = Plan(
@@ -56,6 +60,8 @@ FULL = Plan(
     idle_seconds=30.0,
     tail=300.0,
 )
+# The bucket count the bursts are run again at (the default being 256).
+WIDE = 4096
 QUICK = Plan(
     nodes=(1, 3),
     burst=1_000,
@@ -132,16 +138,27 @@ async def with_future(runner: Runner, plan: Plan) -> tuple[dict[str, Any], dict[
     return empty, backlog
 
 
+async def wide_burst(runner: Runner, n: int, plan: Plan) -> dict[str, Any]:
+    """The burst at N = ``n`` with BUCKETS = WIDE, its schedules in those buckets."""
+    system = Scheduler(name=f"scheduler-b{WIDE}", env={"BUCKETS": str(WIDE)})
+    kafka = Kafka(runner.servers, buckets=WIDE)
+    return await runner.measure(
+        system, n, workloads.burst(plan.burst), plan.tail, destination=kafka
+    )
+
+
 async def run(plan: Plan) -> dict[str, Any]:
     with embedded_servers("bench-scale-") as servers:
         runner = Runner(servers)
         async with servers.client() as client:
             await store_operations(client)  # the counters answer before anything runs
-        bursts = []
+        bursts, wide = [], []
         for n in plan.nodes:
             bursts.append(
                 await runner.measure(Scheduler(), n, workloads.burst(plan.burst), plan.tail)
             )
+            if n in plan.wide_nodes:
+                wide.append(await wide_burst(runner, n, plan))
         firsts = []
         for n in plan.first_nodes:
             firsts.append(
@@ -153,6 +170,7 @@ async def run(plan: Plan) -> dict[str, Any]:
         "machine": machine(),
         "plan": plan.__dict__,
         "bursts": bursts,
+        "wide": wide,
         "firsts": firsts,
         "empty": empty,
         "backlog": backlog,
@@ -176,6 +194,12 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
         "store_cpu_per_1000_over_one_node": {
             r["processes"]: ratio(r["cpu_s_per_1000"]["store"], one["cpu_s_per_1000"]["store"])
             for r in result["bursts"]
+        },
+        "wide_throughput_over_256": {
+            r["processes"]: ratio(
+                r["records_per_s"], _by_n(result["bursts"], r["processes"])["records_per_s"]
+            )
+            for r in result.get("wide", [])
         },
         "backlog_burst_over_empty": ratio(
             result["backlog"]["records_per_s"], result["empty"]["records_per_s"]
@@ -219,6 +243,14 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": row["first_lateness_s"] <= 1.0,
             }
         )
+    for n, over in r.get("wide_throughput_over_256", {}).items():
+        out.append(
+            {
+                "aim": f"B = {WIDE}: burst throughput at N = {n} >= 0.95x of B = 256's",
+                "measured": over,
+                "met": over >= 0.95,
+            }
+        )
     out.append(
         {
             "aim": "future backlog: burst throughput >= 0.85x of an empty collection's",
@@ -241,14 +273,15 @@ def render(result: dict[str, Any]) -> str:
         f"{'N':>2} {'due':>6} {'rec/s':>7} {'first s':>7} {'p99 s':>7} {'reads/rec':>9} "
         f"{'store cpu/1k':>12} {'store busy':>10} {'dup':>4}"
     ]
-    for r in [*result["bursts"], *result["firsts"]]:
+    for r in [*result["bursts"], *result.get("wide", []), *result["firsts"]]:
         read = r["documents_read_per_record"]
+        wide = f" B={WIDE}" if r["system"].endswith(f"b{WIDE}") else ""
         lines.append(
             f"{r['processes']:>2} {r['expected']:>6} {r['records_per_s']:>7,.0f} "
             f"{r['first_lateness_s']:>7.2f} {r['lateness_s']['p99']:>7.2f} "
             f"{math.nan if read is None else read:>9.3f} "
             f"{r['cpu_s_per_1000']['store']:>12.2f} {r['busy']['store']:>10.0%} "
-            f"{r['duplicates']:>4}"
+            f"{r['duplicates']:>4}{wide}"
         )
     for label in ("empty", "backlog"):
         part = result[label]
@@ -266,6 +299,11 @@ def render(result: dict[str, Any]) -> str:
         + "; store CPU per 1,000 over N=1: "
         + ", ".join(f"N={n} {v:.2f}x" for n, v in r["store_cpu_per_1000_over_one_node"].items())
     )
+    if r.get("wide_throughput_over_256"):
+        lines.append(
+            f"throughput at B={WIDE} over B=256: "
+            + ", ".join(f"N={n} {v:.2f}x" for n, v in r["wide_throughput_over_256"].items())
+        )
     lines.append(
         f"with the future backlog, over empty: burst {r['backlog_burst_over_empty']:.2f}x, "
         f"idle store ops {r['backlog_idle_ops_over_empty']:.2f}x"

@@ -160,6 +160,7 @@ def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
     result: dict[str, Any] = {
         "bursts": [row(1, 20000, 100, 8.0, 1.0, 0.5), row(2, 20000, 90, 8.8, 1.1, 0.6),
                    row(3, 20000, 120, 9.5, 1.3, 0.4)],
+        "wide": [row(1, 20000, 96, 8.0, 1.0, 0.5), row(3, 20000, 110, 9.5, 1.3, 0.4)],
         "firsts": [row(1, 2000, 100, 8, 1.0, 0.7), row(3, 2000, 100, 8, 1.0, 1.4)],
         "empty": {"idle_ops_per_s": 100.0, "records_per_s": 100.0},
         "backlog": {"idle_ops_per_s": 130.0, "records_per_s": 90.0},
@@ -172,6 +173,9 @@ def test_the_scale_suite_judges_each_aim_from_its_rows() -> None:
     assert [v for k, v in verdicts.items() if k.startswith("burst throughput")] == [True, True]
     assert [v for k, v in verdicts.items() if "first record" in k] == [True, False]
     assert [v for k, v in verdicts.items() if k.startswith("future backlog")] == [True, False]
+    # B = 4,096 against B = 256 at the same N: 0.96x holds, 0.92x does not.
+    assert result["ratios"]["wide_throughput_over_256"] == pytest.approx({1: 0.96, 3: 110 / 120})
+    assert [v for k, v in verdicts.items() if "B = 4096" in k] == [True, False]
 
 
 def test_the_store_floor_claims_and_marks_every_record_in_one_statement_each(
