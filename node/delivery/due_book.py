@@ -69,13 +69,6 @@ WHOLE_READ_EVERY = 10
 # read 0.5 times a record at 60, 1.3 at 10 (one node; 1.5 and 2.2 with three:
 # python -m bench delivery's spread, 2026-11-27).
 QUIET_READ_AHEAD = 60
-# A schedule told due within this many refresh intervals has its quiet view
-# read at once; one due later brings the view's bound down to it instead.
-# Read at once, the reads of a burst stored seconds ahead of its due time
-# are spread over the time it is stored; brought down, they all came a
-# refresh before the instant it fell due, and held its claims back (2,000
-# due at once, one node: 0.63 of the store's floor, against 0.70).
-HINT_READ_AT_ONCE = 10
 # A bound brought down to just before a schedule the view has not read.
 _JUST_BEFORE = timedelta(microseconds=1)
 # How many ids of schedules this node took lately, and of those it wrote back
@@ -422,16 +415,13 @@ class DueBook:
             if view.quiet:
                 view.next_at = _earliest(view.next_at, due_at)
             return False
-        if (
-            due_at is not None
-            and now is not None
-            and view.quiet
-            and due_at > now + timedelta(seconds=self.refresh * HINT_READ_AT_ONCE)
-        ):
-            # Within the bound but far off: the view still holds all that
-            # falls due before it (the feed tells of anything sooner), so its
-            # bound comes down to it and it is read a refresh before, with
-            # whatever else arrives by then.
+        if due_at is not None and view.quiet and not soon:
+            # Within the bound but not due soon: the view still holds all
+            # that falls due before it (the feed tells of anything sooner),
+            # so its bound comes down to it and it is read a refresh before,
+            # with whatever else arrives by then: a bucket being stored into
+            # for work due in seconds is not read again every round, each
+            # read returning all it held so far.
             view.until = _earliest(view.until, due_at - _JUST_BEFORE)
             view.next_at = _earliest(view.next_at, due_at)
             return False
