@@ -116,6 +116,14 @@ COUNT_BEFORE_T0 = 0.5
 COUNT_AFTER_LAST = 1.0
 # APScheduler's processes start after the load, within this (about 2 s here).
 START_ALLOWANCE = 5.0
+# A system started before the load is loaded once the store is this quiet
+# (operations a second over QUIET_SAMPLE), or after QUIET_WAIT: a node
+# holding 4,096 buckets reads each of them when it starts, several seconds
+# on the embedded store, and a load racing those reads ran 13 s past its
+# burst's due time (the burst then measured the start, not itself).
+QUIET_OPS = 60.0
+QUIET_SAMPLE = 1.0
+QUIET_WAIT = 120.0
 # Two hosts of this machine: Linux routes all of 127.0.0.0/8 to loopback, and
 # the per-host bound (HTTP_MAX_PER_HOST) counts a URL's host, not its port,
 # so two receivers on one address would share one bound.
@@ -297,6 +305,19 @@ class Runner:
         async with self.servers.client() as client:
             return await store_operations(client)
 
+    async def store_quiet(self) -> None:
+        """Wait until the store serves fewer than QUIET_OPS operations a
+        second (a started system's first reads are done), QUIET_WAIT at most."""
+        deadline = time.monotonic() + QUIET_WAIT
+        before = await self.store_operations()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(QUIET_SAMPLE)  # a sampling window: the rate over it
+            after = await self.store_operations()
+            ops = operations_between(before, after)
+            if sum(v for k, v in ops.items() if k != "requests") / QUIET_SAMPLE < QUIET_OPS:
+                return
+            before = after
+
     async def measure(
         self,
         system: System,
@@ -322,6 +343,7 @@ class Runner:
         try:
             if not system.load_first:
                 await system.start(self.servers, database, processes)
+                await self.store_quiet()
             lead = workload.count / self.load_rate + 2.0
             lead += START_ALLOWANCE if system.load_first else 0.0
             t0 = time.time() + lead

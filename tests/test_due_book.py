@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.delivery.due_book import WHOLE_READ_EVERY, DueBook, Read
+from node.delivery.due_book import READS_PER_ROUND, WHOLE_READ_EVERY, DueBook, Read
 from node.schedule.destination import lane
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -47,6 +47,33 @@ def round_(book: DueBook, store: Store, now: float) -> list[Read]:
     for read in reads:
         book.learned(read, store.answer(read), now)
     return reads
+
+
+def test_a_round_reads_at_most_its_share_never_read_first_then_least_lately() -> None:
+    """4,096 buckets each with work due: a round reads READS_PER_ROUND of
+    them, so the first claim does not wait for every read, and the book asks
+    for the next round at once until each was read; then the least lately
+    read go first, so none waits behind buckets read again and again."""
+    book, store = DueBook(refresh=REFRESH, budget=100), Store()
+    buckets = 2 * READS_PER_ROUND + 10
+    for bucket in range(buckets):
+        store.pending[f"s{bucket}"] = doc(f"s{bucket}", bucket, -1.0)
+    book.sync(dict.fromkeys(range(buckets), 1))
+    first = round_(book, store, 0.0)
+    assert [r.bucket for r in first] == list(range(READS_PER_ROUND))
+    assert book.next_read(at(0.0), None, None, 0.0) == float("-inf")  # the rest: now
+    second = round_(book, store, 0.1)
+    third = round_(book, store, 0.2)
+    assert [r.bucket for r in [*second, *third]] == list(range(READS_PER_ROUND, buckets))
+    assert store.reads == buckets  # each read once
+    assert {d["_id"] for d in book.due(at(0.2))} == set(store.pending)
+    # Bucket 3 was taken and marked stale meanwhile (its view missing): read
+    # first; then, a refresh on, the least lately read first.
+    book.taken(list(book.due(at(0.2))))
+    store.pending.clear()
+    book.sync({**dict.fromkeys(range(buckets), 1), 3: 2})
+    later = book.reads(at(1.15), 1.15, REFRESH)
+    assert [r.bucket for r in later] == [3, *(b for b in range(READS_PER_ROUND) if b != 3)]
 
 
 def test_gained_buckets_are_read_and_lost_ones_forgotten() -> None:
