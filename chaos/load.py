@@ -435,6 +435,8 @@ class Load:
             if answer.type == ops.OK and isinstance(answer.data, dict):
                 if not answer.data.get("more"):
                     return
+                if not answer.data.get("changed"):
+                    await asyncio.sleep(0.2)  # what is left is in flight: a moment later
             elif answer.status is not None and answer.status < 500 and answer.status != 429:
                 return  # refused (or an answer it cannot read): asking again changes nothing
             else:

@@ -105,6 +105,12 @@ class NodeMetrics:
         self.schedules_cancelled = Counter(
             "scheduler_schedules_cancelled_total", "Schedules cancelled", registry=r
         )
+        self.bulk_changed = Counter(
+            "scheduler_bulk_changed_total",
+            "Schedules changed by a bulk verb (POST /v1/schedules:cancel, :pause, :resume, :retry)",
+            ["verb"],
+            registry=r,
+        )
         self.deliveries = Counter(
             "scheduler_deliveries_total",
             "Publish outcomes: delivered, retried, failed, deferred (the broker could not take "

@@ -14,6 +14,7 @@ from node.schedule import changes
 from node.schedule.model import Limits
 from node.schedule.parse import parse_patch
 from node.schedule.recurrence import Recurrence
+from node.store import statements
 from node.store.contract import Claimed
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -143,3 +144,29 @@ def test_redrive_takes_only_a_failed_schedule_and_keeps_it_from_retention() -> N
     for status in ("PENDING", "PAUSED", "DELIVERED", "CANCELLED", "EXPIRED"):
         with pytest.raises(InvalidState):
             changes.redrive(doc(status), NOW)
+
+
+def test_a_bulk_verb_writes_what_it_takes_under_the_version_read_and_skips_the_rest() -> None:
+    """``statements.bulk_changes``: one conditional write per match the verb
+    takes, none for a match that moved since the read (in flight, ended),
+    and the earliest due time of each bucket it makes PENDING."""
+    later = NOW + timedelta(minutes=1)
+    found = [
+        doc("PAUSED", _id="a", bucket=1, dueAt=later),
+        doc("PAUSED", _id="b", bucket=1),
+        doc("IN_FLIGHT", _id="c", bucket=2),  # claimed after the read
+        doc("PENDING", _id="d", bucket=3),  # resumed already: nothing to write
+        doc("PAUSED", _id="e", bucket=4, deadline=NOW - timedelta(seconds=1), expireAfterMs=1),
+    ]
+    resume = changes.BULK_VERBS["resume"]
+    writes, due = statements.bulk_changes(found, resume, NOW, 8, timedelta(days=7))
+    conditions = [condition for condition, _ in writes]
+    assert [(c["_id"], c["status"], c["version"]) for c in conditions] == [
+        ("a", "PAUSED", 3), ("b", "PAUSED", 3), ("e", "PAUSED", 3)
+    ]  # fmt: skip
+    assert [update["$set"]["status"] for _, update in writes] == ["PENDING", "PENDING", "EXPIRED"]
+    assert all(update["$inc"] == {"version": 1} for _, update in writes)
+    assert due == {1: NOW}  # the expired one is due nowhere
+    assert statements.bulk_left(resume, stopped=False) == []
+    assert statements.bulk_left(changes.BULK_VERBS["pause"], stopped=False) == ["IN_FLIGHT"]
+    assert statements.bulk_left(resume, stopped=True) == ["PAUSED"]

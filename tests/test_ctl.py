@@ -222,19 +222,24 @@ async def test_a_bulk_cancel_calls_again_while_the_node_says_more(stub: Stub) ->
     stub.answer(
         "POST",
         "/v1/schedules:cancel",
-        (200, {"cancelled": 10000, "more": True}),
-        (200, {"cancelled": 10000, "more": True}),
-        (200, {"cancelled": 7, "more": False}),
+        (200, {"matched": 10000, "changed": 10000, "more": True}),
+        (200, {"matched": 10000, "changed": 9999, "more": True}),
+        (200, {"matched": 7, "changed": 7, "more": False}),
     )
     code, out = await ctl(
         stub.url, "cancel", "--label", "team=a", "--label", "env=a=b", "--key", "k",
-        "--id-prefix", "order-", "--due-before", "2030-01-01T00:00:00Z",
+        "--id-prefix", "order-", "--due-before", "2030-01-01T00:00:00Z", "--topic", "t",
+        "--destination", "kafka", "--status", "PAUSED",
     )  # fmt: skip
-    assert code == 0 and json.loads(out) == {"cancelled": 20007, "calls": 3}
+    assert code == 0
+    assert json.loads(out) == {"matched": 20007, "changed": 20006, "cancelled": 20006, "calls": 3}
     body = {
         "labels": {"team": "a", "env": "a=b"},
         "key": "k",
         "idPrefix": "order-",
+        "topic": "t",
+        "destination": "kafka",
+        "status": ["PAUSED"],
         "dueBefore": "2030-01-01T00:00:00Z",
     }
     assert [(r["method"], r["path"], r["body"]) for r in stub.requests] == [
@@ -242,17 +247,40 @@ async def test_a_bulk_cancel_calls_again_while_the_node_says_more(stub: Stub) ->
     ] * 3
 
 
-async def test_a_bulk_cancel_stops_when_the_node_makes_no_progress(stub: Stub) -> None:
+async def test_a_bulk_verb_waits_out_what_is_in_flight_then_gives_up(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More, but nothing changed: what is left is in flight. Asked again a
+    moment later, SETTLE_CALLS times in a row at most."""
+    monkeypatch.setattr(ctl_module, "SETTLE_WAIT", 0.0)
+    monkeypatch.setattr(ctl_module, "SETTLE_CALLS", 3)
     stub.answer(
         "POST",
-        "/v1/schedules:cancel",
-        (200, {"cancelled": 3, "more": True}),
-        (200, {"cancelled": 0, "more": True}),
-        (200, {"cancelled": 0, "more": True}),
+        "/v1/schedules:pause",
+        (200, {"matched": 3, "changed": 3, "more": True}),
+        (200, {"matched": 0, "changed": 0, "more": True}),
+        (200, {"matched": 1, "changed": 1, "more": False}),
     )
-    code, out, err = await ctl_with_errors(stub.url, "cancel", "--key", "k")
-    assert code == 1 and out == "" and "stopped after cancelling 3" in err
-    assert len(stub.requests) == 2
+    code, out = await ctl(stub.url, "pause", "--key", "k")
+    assert (code, json.loads(out)) == (0, {"matched": 4, "changed": 4, "calls": 3})
+    stub.requests.clear()
+    stub.answer(
+        "POST",
+        "/v1/schedules:pause",
+        *[(200, {"matched": 0, "changed": 0, "more": True})] * 4,
+    )
+    code, out, err = await ctl_with_errors(stub.url, "pause", "--key", "k")
+    assert code == 1 and out == "" and "stopped after changing 0" in err
+    assert len(stub.requests) == 3
+
+
+async def test_a_dry_run_sends_dry_run_once_and_prints_the_count(stub: Stub) -> None:
+    answer = {"matched": 42, "changed": 0, "more": False, "dryRun": True}
+    stub.answer("POST", "/v1/schedules:retry", (200, answer))
+    code, out = await ctl(stub.url, "retry", "--host", "hooks.example", "--dry-run")
+    assert (code, json.loads(out)) == (0, answer)
+    [request] = stub.requests
+    assert request["body"] == {"host": "hooks.example", "dryRun": True}
 
 
 async def test_a_refusal_in_a_bulk_cancel_is_exit_1(stub: Stub) -> None:
@@ -260,7 +288,7 @@ async def test_a_refusal_in_a_bulk_cancel_is_exit_1(stub: Stub) -> None:
     stub.answer(
         "POST",
         "/v1/schedules:cancel",
-        (200, {"cancelled": 10000, "more": True}),
+        (200, {"matched": 10000, "changed": 10000, "more": True}),
         (503, refusal),
     )
     code, _, err = await ctl_with_errors(stub.url, "cancel", "--id-prefix", "a")
@@ -499,8 +527,8 @@ async def test_bulk_cancel_repeats_while_more_and_spares_the_rest(
 ) -> None:
     # The node cancels at most BULK_CANCEL_LIMIT a call: made small, five
     # matches take ctl more than one call.
-    monkeypatch.setattr(schedule_store, "BULK_CANCEL_LIMIT", 2)
-    monkeypatch.setattr(schedule_store, "BULK_CANCEL_BATCH", 2)
+    monkeypatch.setattr(schedule_store, "BULK_LIMIT", 2)
+    monkeypatch.setattr(schedule_store, "BULK_BATCH", 2)
     node = await start_node()
     topic = unique("ctl-bulk")
     for n in range(5):
@@ -513,13 +541,15 @@ async def test_bulk_cancel_repeats_while_more_and_spares_the_rest(
     counts = (await ok(node, "list", "--json", "--label", "run=r1", "--counts"))["counts"]
     assert {k: v for k, v in counts.items() if v} == {"CANCELLED": 5}
     assert (await get_view(node, "r2-0"))["status"] == "PENDING"
-    assert await ok(node, "cancel", "--label", "run=r1") == {"cancelled": 0, "calls": 1}
+    assert await ok(node, "cancel", "--label", "run=r1") == {
+        "matched": 0, "changed": 0, "cancelled": 0, "calls": 1
+    }  # fmt: skip
 
     # By id prefix, due before a time; and by key.
     await ok(node, "schedule", topic, "--in", "600", "--id", "pre-soon")
     await ok(node, "schedule", topic, "--in", "7200", "--id", "pre-late", "--key", "K")
     answer = await ok(node, "cancel", "--id-prefix", "pre-", "--due-before", at(3600))
-    assert answer == {"cancelled": 1, "calls": 1}
+    assert answer == {"matched": 1, "changed": 1, "cancelled": 1, "calls": 1}
     assert (await get_view(node, "pre-soon"))["status"] == "CANCELLED"
     assert (await get_view(node, "pre-late"))["status"] == "PENDING"
     assert (await ok(node, "cancel", "--key", "K"))["cancelled"] == 1

@@ -17,6 +17,7 @@ from pymongo import monitoring
 from pymongo.errors import OperationFailure
 
 from node.process import Node
+from node.store.contract import BULK_FIELDS
 from node.store.schedules import ScheduleStore
 from ring import bucket_for
 from tests.conftest import (
@@ -45,7 +46,9 @@ SPANNING = (
     "find a tenant's schedules a selector matches",
     "follow the writes that make work due",
 )
-_LISTING_FIELDS = {"tenant", "status", "_id", "labels", "key", "topic", "dueAt", "$or"}
+_LISTING_FIELDS = {
+    "tenant", "status", "_id", "labels", "key", "topic", "http.host", "http", "dueAt", "$or"
+}  # fmt: skip
 
 
 class Recorder(monitoring.CommandListener):
@@ -97,8 +100,8 @@ def spanning(name: str, command: dict[str, Any]) -> str | None:
         return None
     if name == "aggregate" and "status" in query:
         return SPANNING[1]
-    if name == "find" and command.get("projection") == {"bucket": 1}:
-        return SPANNING[2]
+    if name == "find" and command.get("projection") in (BULK_FIELDS, {"_id": 1}):
+        return SPANNING[2]  # a bulk verb's batch, or whether it left a match in flight
     return None
 
 

@@ -300,6 +300,89 @@ async def test_cancel_and_pause_race_the_poller_without_a_delivery_they_denied(
     assert len(delivered) == len(set(delivered))
 
 
+async def test_a_bulk_pause_racing_the_poller_lets_nothing_through_after_its_last_answer(
+    start_node: NodeFactory, receiver: Receiver
+) -> None:
+    """A pause by label while the poller takes the same schedules: called
+    again until ``more`` is false (nothing matched in flight); after that
+    answer no schedule of the label is called (a later one proves the
+    poller went on), and a resume by the same label delivers each of the
+    rest once."""
+    node = await start_node(**LOOPBACK)
+    ids = [f"bulk{n}" for n in range(60)]
+    due = at(1.0)
+    for schedule_id in ids:
+        await create(node, id=schedule_id, http={"url": receiver.url()}, executeAt=due,
+                     labels={"wave": "w1"})  # fmt: skip
+    await asyncio.sleep(max(0.0, datetime.fromisoformat(due).timestamp() - time.time() - 0.03))
+    selector = {"labels": {"wave": "w1"}}
+    paused = 0
+    while True:
+        status, answer = await node.request("POST", "/v1/schedules:pause", json=selector)
+        assert status == 200, answer
+        paused += answer["changed"]
+        if not answer["more"]:
+            break
+    called = receiver.ids()
+    docs = {i: await get(node, i) for i in ids}
+    assert {d["status"] for d in docs.values()} <= {"PAUSED", "DELIVERED"}
+    assert sorted(i for i, d in docs.items() if d["status"] == "DELIVERED") == sorted(called)
+    assert paused == sum(d["status"] == "PAUSED" for d in docs.values())
+    await create(node, id="later", http={"url": receiver.url()}, executeAt=at(0))
+    await reaches(node, "later", "DELIVERED")
+    assert receiver.ids() == [*called, "later"]  # nothing of the wave since its last answer
+    status, answer = await node.request("POST", "/v1/schedules:resume", json=selector)
+    assert (status, answer["changed"], answer["more"]) == (200, paused, False)
+
+    async def all_called() -> bool:
+        return len(receiver.ids()) == len(ids) + 1
+
+    await wait_until(all_called, 60, "the rest of the wave called once resumed")
+    assert sorted(receiver.ids()) == sorted([*ids, "later"])
+
+
+async def test_the_failed_of_an_outage_are_redriven_by_one_selector_each_once(
+    start_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver refusing everything fails each schedule after its one
+    attempt; once it is back, ``:retry`` by its host (called again while
+    ``more``: two per call here) makes every one due again, and each is
+    delivered once. A dry run counts and changes nothing."""
+    from node.store import schedules as schedule_store
+
+    monkeypatch.setattr(schedule_store, "BULK_BATCH", 2)
+    monkeypatch.setattr(schedule_store, "BULK_LIMIT", 4)
+    receiver.answer = lambda _a: (400, {})
+    node = await start_node(**LOOPBACK)
+    ids = [f"out{n}" for n in range(10)]
+    for schedule_id in ids:
+        await create(node, id=schedule_id, http={"url": receiver.url()}, executeAt=at(0),
+                     retry={"maxAttempts": 1})  # fmt: skip
+    for schedule_id in ids:
+        await reaches(node, schedule_id, "DELIVERY_FAILED")
+    assert receiver.ids() == []
+    receiver.answer = lambda _a: (204, {})
+    selector = {"host": "127.0.0.1"}
+    status, answer = await node.request(
+        "POST", "/v1/schedules:retry", json={**selector, "dryRun": True}
+    )
+    assert (status, answer) == (200, {"matched": 10, "changed": 0, "more": False, "dryRun": True})
+    assert {(await get(node, i))["status"] for i in ids} == {"DELIVERY_FAILED"}
+    calls = 0
+    while True:
+        status, answer = await node.request("POST", "/v1/schedules:retry", json=selector)
+        assert status == 200, answer
+        calls += 1
+        if not answer["more"]:
+            break
+    assert calls >= 3  # ten, four a call at most
+    for schedule_id in ids:
+        await reaches(node, schedule_id, "DELIVERED")
+    assert sorted(receiver.ids()) == sorted(ids)
+    status, answer = await node.request("POST", "/v1/schedules:retry", json=selector)
+    assert (status, answer) == (200, {"matched": 0, "changed": 0, "more": False})
+
+
 REFUSED_URLS = [
     "http://127.0.0.1:9/x",
     "http://[::1]:9/x",

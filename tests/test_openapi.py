@@ -92,7 +92,7 @@ def test_statuses_and_label_limits_come_from_the_model() -> None:
     listed = doc["paths"]["/v1/schedules"]["get"]["responses"]["200"]["content"]
     counts = listed["application/json"]["schema"]["properties"]["counts"]
     assert list(counts["properties"]) == statuses
-    for schema in ("NewSchedule", "SchedulePatch", "CancelFilter"):
+    for schema in ("NewSchedule", "SchedulePatch", "Selector"):
         labels = doc["components"]["schemas"][schema]["properties"]["labels"]
         assert labels["maxProperties"] == MAX_LABELS
         assert labels["propertyNames"]["pattern"] == LABEL_NAME.pattern
@@ -207,7 +207,7 @@ async def test_the_node_answers_the_new_verbs_as_documented(start_node: NodeFact
     status, answer, _ = await api.call(
         "POST", "/v1/schedules:cancel", json={"labels": {"team": "a"}}
     )
-    assert status == 200 and answer == {"cancelled": 1, "more": False}
+    assert status == 200 and answer == {"matched": 1, "changed": 1, "more": False, "cancelled": 1}
     assert (await api.call("POST", "/v1/schedules:cancel", json={"dueBefore": far}))[0] == 400
     status, view, headers = await api.call("DELETE", one, "/v1/schedules/v2")
     assert (
@@ -279,9 +279,15 @@ async def test_every_documented_list_filter_and_cancel_field_is_taken(
     )
     assert status == 200 and [s["id"] for s in rest["schedules"]] == ["f-1"]
 
-    cancel = {"labels": {"team": "a"}, "key": "k", "idPrefix": "f-",
+    cancel = {"labels": {"team": "a"}, "key": "k", "idPrefix": "f-", "topic": "doc-filters",
+              "destination": "kafka", "status": ["PENDING", "PAUSED"],
               "dueBefore": window["dueBefore"], "tenant": "default"}  # fmt: skip
-    fields = document()["components"]["schemas"]["CancelFilter"]["properties"]
-    assert set(fields) == set(cancel)
+    fields = document()["components"]["schemas"]["Selector"]["properties"]
+    # host: an http target's, dryRun: a count (tests/test_http_delivery.py uses both).
+    assert set(fields) == {*cancel, "host", "dryRun"}
+    status, answer = await node.request(
+        "POST", "/v1/schedules:cancel", json={**cancel, "dryRun": True}
+    )
+    assert status == 200 and answer == {"matched": 2, "changed": 0, "more": False, "dryRun": True}
     status, answer = await node.request("POST", "/v1/schedules:cancel", json=cancel)
-    assert status == 200 and answer == {"cancelled": 2, "more": False}
+    assert status == 200 and answer == {"matched": 2, "changed": 2, "more": False, "cancelled": 2}

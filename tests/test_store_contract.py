@@ -32,6 +32,8 @@ BUCKETS = 4
 
 def new(schedule_id: str | None = None, at: datetime = NOW, **fields: Any) -> NewSchedule:
     body: dict[str, Any] = {"topic": "t", "payload": {"n": schedule_id}, **fields}
+    if "http" in fields:
+        del body["topic"]  # one destination or the other
     if "recurrence" not in fields:
         body["executeAt"] = at.isoformat()
     if schedule_id is not None:
@@ -125,7 +127,12 @@ async def test_a_verb_refuses_what_is_stored_in_flight(store: StoreKit) -> None:
         await schedules.change("v", lambda d: changes.pause(d, NOW), NOW)
 
 
-async def test_cancel_matching_takes_the_tenants_live_matches_only(store: StoreKit) -> None:
+CANCEL, PAUSE, RESUME, RETRY = (
+    changes.BULK_VERBS[name] for name in ("cancel", "pause", "resume", "retry")
+)
+
+
+async def test_a_bulk_cancel_takes_the_tenants_live_matches_only(store: StoreKit) -> None:
     schedules = await prepared(store, BUCKETS)
     await schedules.insert(new("o-1", labels={"team": "a"}, key="k1"), NOW)
     await schedules.insert(new("o-2", NOW + timedelta(hours=2), labels={"team": "a"}), NOW)
@@ -134,14 +141,83 @@ async def test_cancel_matching_takes_the_tenants_live_matches_only(store: StoreK
     await schedules.insert(new("o-4", labels={"team": "a"}, tenant="other"), NOW)
     await claim_one(schedules, "x-1")  # in flight: delivered, not cancelled
     by_label = Selector(labels=("team=a",), due_before=NOW + timedelta(hours=1))
-    assert await schedules.cancel_matching("default", by_label, NOW) == (1, False)
+    done = await schedules.change_matching("default", by_label, CANCEL, NOW)
+    # x-1 is in flight: not cancelled, and the call is not done while it is.
+    assert (done.matched, done.changed, done.more) == (1, 1, True)
     assert (await stored(schedules, "o-1"))["status"] == "CANCELLED"
+    assert (await stored(schedules, "o-1"))["expireAt"] > NOW
     assert (await stored(schedules, "o-2"))["status"] == "PENDING"  # due after the bound
     assert (await stored(schedules, "x-1"))["status"] == "IN_FLIGHT"
     assert (await stored(schedules, storage_id("other", "o-4")))["status"] == "PENDING"
-    assert await schedules.cancel_matching("default", Selector(key="k1"), NOW) == (1, False)
-    assert await schedules.cancel_matching("default", Selector(id_prefix="o-"), NOW) == (1, False)
+    done = await schedules.change_matching("default", Selector(key="k1"), CANCEL, NOW)
+    assert (done.matched, done.changed, done.more) == (1, 1, False)
+    done = await schedules.change_matching("default", Selector(id_prefix="o-"), CANCEL, NOW)
+    assert (done.changed, done.due) == (1, {})
     assert (await stored(schedules, "o-2"))["status"] == "CANCELLED"
+
+
+async def test_bulk_pause_resume_and_retry_change_their_own_statuses_only(
+    store: StoreKit,
+) -> None:
+    schedules = await prepared(store, BUCKETS)
+    soon = NOW + timedelta(minutes=5)
+    for n in range(4):
+        await schedules.insert(new(f"p-{n}", soon, labels={"g": "1"}, key=f"k{n}"), NOW)
+    await schedules.insert(
+        new("h-1", soon, http={"url": "https://hooks.example/x"}, retry={"maxAttempts": 1}), NOW
+    )
+    await schedules.insert(new("o-1", soon, labels={"g": "1"}, tenant="other"), NOW)
+    await claim_one(schedules, "p-3", at=soon)
+    group = Selector(labels=("g=1",))
+    paused = await schedules.change_matching("default", group, PAUSE, NOW)
+    # p-3 is in flight: a pause is not done until it is delivered or back.
+    assert (paused.matched, paused.changed, paused.more) == (3, 3, True)
+    docs = [await stored(schedules, f"p-{n}") for n in range(3)]
+    assert {(d["status"], d["version"]) for d in docs} == {("PAUSED", 2)}
+    assert (await stored(schedules, storage_id("other", "o-1")))["status"] == "PENDING"
+    again = await schedules.change_matching("default", group, PAUSE, NOW)
+    assert (again.matched, again.changed) == (0, 0)  # safe to repeat
+    assert await schedules.count_matching("default", group, PAUSE.statuses, 10) == 0
+    assert await schedules.count_matching("default", group, RESUME.statuses, 10) == 3
+    assert await schedules.count_matching("default", group, RESUME.statuses, 2) == 2
+    resumed = await schedules.change_matching("default", Selector(key="k1"), RESUME, NOW)
+    assert (resumed.matched, resumed.changed, resumed.more) == (1, 1, False)
+    p1 = await stored(schedules, "p-1")
+    assert (p1["status"], p1["version"]) == ("PENDING", 3)
+    assert resumed.due == {p1["bucket"]: soon}  # its owner is woken for it
+    # Retry takes DELIVERY_FAILED only: due now, attempts afresh, kept.
+    failing = await claim_one(schedules, "h-1", at=soon)
+    assert await schedules.complete([RULES.failed(failing, "503", NOW)]) == 1
+    assert (await stored(schedules, "h-1"))["status"] == "DELIVERY_FAILED"
+    by_host = Selector(host="hooks.example")
+    assert (await schedules.change_matching("default", by_host, PAUSE, NOW)).matched == 0
+    later = NOW + timedelta(minutes=1)
+    retried = await schedules.change_matching("default", by_host, RETRY, later)
+    assert (retried.matched, retried.changed, retried.more) == (1, 1, False)
+    h1 = await stored(schedules, "h-1")
+    assert (h1["status"], h1["attempts"], h1["dueAt"]) == ("PENDING", 0, later)
+    assert "expireAt" not in h1 and retried.due == {h1["bucket"]: later}
+
+
+async def test_a_selector_narrows_by_destination_status_and_topic(store: StoreKit) -> None:
+    schedules = await prepared(store, BUCKETS)
+    await schedules.insert(new("k-1", labels={"g": "1"}), NOW)
+    await schedules.insert(new("k-2", labels={"g": "1"}, topic="other"), NOW)
+    await schedules.insert(new("h-1", labels={"g": "1"}, http={"url": "https://a.example/"}), NOW)
+    await schedules.change("k-2", lambda d: changes.pause(d, NOW), NOW)
+    count = schedules.count_matching
+    statuses = CANCEL.statuses
+    assert await count("default", Selector(labels=("g=1",)), statuses, 10) == 3
+    assert await count("default", Selector(labels=("g=1",), destination="http"), statuses, 10) == 1
+    assert await count("default", Selector(labels=("g=1",), destination="kafka"), statuses, 10) == 2
+    assert await count("default", Selector(topic="other"), statuses, 10) == 1
+    only_paused = Selector(labels=("g=1",), statuses=("PAUSED",))
+    assert await count("default", only_paused, statuses, 10) == 1
+    done = await schedules.change_matching("default", only_paused, CANCEL, NOW)
+    assert (done.changed, (await stored(schedules, "k-2"))["status"]) == (1, "CANCELLED")
+    assert (await stored(schedules, "k-1"))["status"] == "PENDING"
+    with pytest.raises(ValueError, match="selector needs"):
+        Selector(destination="http", due_before=NOW)
 
 
 async def test_a_listing_pages_in_its_order_and_counts_by_status(store: StoreKit) -> None:

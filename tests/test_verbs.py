@@ -390,8 +390,8 @@ async def test_cancel_by_selector_cancels_live_matches_only_and_is_safe_to_repea
 ) -> None:
     from node.store import schedules as schedule_store
 
-    monkeypatch.setattr(schedule_store, "BULK_CANCEL_BATCH", 2)
-    monkeypatch.setattr(schedule_store, "BULK_CANCEL_LIMIT", 4)
+    monkeypatch.setattr(schedule_store, "BULK_BATCH", 2)
+    monkeypatch.setattr(schedule_store, "BULK_LIMIT", 4)
     node = await start_node()
     topic = unique("bulk")
     for i in range(7):
@@ -405,12 +405,16 @@ async def test_cancel_by_selector_cancels_live_matches_only_and_is_safe_to_repea
     assert (await node.request("POST", "/v1/schedules/train-0:pause"))[0] == 200
     assert (await node.request("DELETE", "/v1/schedules/train-6"))[0] == 200
     selector = {"labels": {"training": "t9"}}
+    status, answer = await node.request(
+        "POST", "/v1/schedules:cancel", json={**selector, "dryRun": True}
+    )
+    assert (status, answer) == (200, {"matched": 6, "changed": 0, "more": False, "dryRun": True})
     status, answer = await node.request("POST", "/v1/schedules:cancel", json=selector)
-    assert (status, answer) == (200, {"cancelled": 4, "more": True})
+    assert (status, answer) == (200, {"matched": 4, "changed": 4, "more": True, "cancelled": 4})
     status, answer = await node.request("POST", "/v1/schedules:cancel", json=selector)
-    assert (status, answer) == (200, {"cancelled": 2, "more": False})
+    assert (status, answer) == (200, {"matched": 2, "changed": 2, "more": False, "cancelled": 2})
     status, answer = await node.request("POST", "/v1/schedules:cancel", json=selector)
-    assert (status, answer) == (200, {"cancelled": 0, "more": False})
+    assert (status, answer) == (200, {"matched": 0, "changed": 0, "more": False, "cancelled": 0})
     assert {(await get(node, f"train-{i}"))["status"] for i in range(7)} == {"CANCELLED"}
     assert (await get(node, "keep"))["status"] == "PENDING"
     # By id prefix, and only what is due before a time.
@@ -624,7 +628,24 @@ async def test_another_tenant_s_schedule_is_not_found_by_any_verb(
         ("POST", "/v1/schedules:cancel", {"key": None}, {}, 400, "key"),
         ("POST", "/v1/schedules:cancel", {"key": None, "labels": None}, {}, 400, "labels"),
         ("POST", "/v1/schedules:cancel", {"idPrefix": None}, {}, 400, "idPrefix"),
-        ("POST", "/v1/schedules:cancel", {"key": "k", "status": "PENDING"}, {}, 400, "status"),
+        ("POST", "/v1/schedules:cancel", {"key": "k", "status": "DELIVERED"}, {}, 400, "status"),
+        ("POST", "/v1/schedules:cancel", {"key": "k", "status": []}, {}, 400, "status"),
+        ("POST", "/v1/schedules:pause", {"key": "k", "status": "PAUSED"}, {}, 400, "status"),
+        ("POST", "/v1/schedules:retry", {"key": "k", "status": ["PENDING"]}, {}, 400, "status"),
+        ("POST", "/v1/schedules:resume", {}, {}, 400, "labels"),
+        ("POST", "/v1/schedules:retry", {"destination": "http"}, {}, 400, "labels"),
+        ("POST", "/v1/schedules:retry", {"dueBefore": at(5), "status": "DELIVERY_FAILED"}, {},
+         400, "labels"),
+        ("POST", "/v1/schedules:pause", {"key": "k", "dryRun": "yes"}, {}, 400, "dryRun"),
+        ("POST", "/v1/schedules:pause", {"key": "k", "destination": "sms"}, {}, 400,
+         "destination"),
+        ("POST", "/v1/schedules:pause", {"host": "a/b"}, {}, 400, "host"),
+        ("POST", "/v1/schedules:pause", {"host": 7}, {}, 400, "host"),
+        ("POST", "/v1/schedules:pause", {"topic": ".."}, {}, 400, "topic"),
+        ("POST", "/v1/schedules:pause", {"key": "k" * 10_000}, {}, 400, "key"),
+        ("POST", "/v1/schedules:pause", {"key": "k", "everything": True}, {}, 400, "everything"),
+        ("POST", "/v1/schedules:pause", [{"key": "k"}], {}, 400, None),
+        ("POST", "/v1/schedules:pause?dryRun=true", {"key": "k"}, {}, 400, "dryRun"),
         ("POST", "/v1/schedules:cancel", {"key": "k", "dueBefore": "soon"}, {}, 400,
          "dueBefore"),
         ("GET", "/v1/schedules?label=novalue", None, {}, 400, "label"),

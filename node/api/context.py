@@ -29,6 +29,9 @@ class Wakes(Protocol):
     def accepted(self, doc: dict[str, Any]) -> None:
         """A schedule was stored: wake its owner in time for it (never waits)."""
 
+    def due(self, bucket: int, due_at: datetime) -> None:
+        """Work of ``bucket`` falls due at ``due_at``: wake its owner in time."""
+
     def verify(self, body: bytes, signature: str | None) -> None:
         """A peer's hint (its raw body, and its signature header) is the
         cluster's: raises Unauthorized when the node has cluster keys and

@@ -190,6 +190,50 @@ _ONE_SCHEDULE = {
 }
 
 
+def _bulk_route(summary: str, statuses: str) -> dict[str, Any]:
+    """A bulk verb by selector (``POST /v1/schedules:<verb>``)."""
+    counts = {
+        "matched": {"type": "integer", "minimum": 0, "description": "matched in its statuses"},
+        "changed": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "of those, changed (the rest moved meanwhile, a claim or a verb)",
+        },
+        "more": {
+            "type": "boolean",
+            "description": "call again: more match, or a match is still in flight",
+        },
+        "dryRun": {"type": "boolean", "description": "present on a dry run"},
+        "cancelled": {"type": "integer", "description": "a cancel's: changed, as before"},
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "description": f"The caller's {statuses} schedules the selector matches, in batches, "
+            "at most 10,000 per call, each changed only where it is still as read (one claimed "
+            "meanwhile is delivered, not changed). While the answer says more, call again; a "
+            "pause or cancel is not done while a match is in flight. Safe to repeat: a changed "
+            "schedule no longer matches.",
+            "requestBody": _body(_ref("Selector")),
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["matched", "changed", "more"],
+                        "properties": counts,
+                    },
+                    "What this call matched and changed",
+                ),
+                "400": _error("Invalid body, or a selector without a range (invalid_request)"),
+                "403": _error("Another tenant named (forbidden)"),
+                "413": _error("Body over the limit (payload_too_large)"),
+                **_READ_BUDGET,
+                **_STORE_DOWN,
+            },
+        },
+    }
+
+
 def _verb(
     summary: str, description: str, ok: str, refused: str, *, in_flight: bool = True
 ) -> dict[str, Any]:
@@ -407,12 +451,13 @@ SCHEMAS: dict[str, Any] = {
             "expireAfter": {**_EXPIRE_AFTER, "type": ["string", "null"]},
         },
     },
-    "CancelFilter": {
+    "Selector": {
         "type": "object",
-        "description": "Which schedules to cancel: every PENDING or PAUSED one of the "
-        "tenant matching all the fields given (at least one of labels, key and idPrefix)",
+        "description": "Which of the tenant's schedules a bulk verb changes: those in the "
+        "verb's statuses matching every field given, at least one of labels, key, idPrefix, "
+        "topic and host (each is an index's range: never the whole tenant)",
         "additionalProperties": False,
-        "anyOf": [{"required": ["labels"]}, {"required": ["key"]}, {"required": ["idPrefix"]}],
+        "anyOf": [{"required": [name]} for name in ("labels", "key", "idPrefix", "topic", "host")],
         "properties": {
             "labels": {**_LABELS, "minProperties": 1, "description": "every one of these"},
             "key": {**_KEY_FILTER, "description": "this record key"},
@@ -421,8 +466,33 @@ SCHEMAS: dict[str, Any] = {
                 "pattern": ID_PATTERN.pattern,
                 "description": "ids starting with this",
             },
+            "topic": {**_TOPIC, "description": "to this Kafka topic"},
+            "host": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 253,
+                "description": "to an http target on this host",
+            },
+            "destination": {"type": "string", "enum": ["kafka", "http"]},
+            "status": {
+                "description": "only these of the verb's own statuses (a cancel: PENDING or "
+                "PAUSED; the others take one status each)",
+                "oneOf": [
+                    {"type": "string", "enum": [s.value for s in Status]},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "string", "enum": [s.value for s in Status]},
+                    },
+                ],
+            },
             "dueBefore": {**_TIME, "description": "due (executeAt) before this time"},
             "tenant": {**_TENANT_NAME, "default": "default"},
+            "dryRun": {
+                "type": "boolean",
+                "default": False,
+                "description": "count the matches (to 10,000) and change nothing",
+            },
         },
     },
     "Schedule": {
@@ -722,34 +792,14 @@ PATHS: dict[str, Any] = {
             },
         },
     },
-    "/v1/schedules:cancel": {
-        "post": {
-            "summary": "Cancel every PENDING or PAUSED schedule matching a filter",
-            "description": "In batches, at most 10,000 per call: while the answer says "
-            "more, call again. Safe to repeat: a cancelled schedule no longer matches.",
-            "requestBody": _body(_ref("CancelFilter")),
-            "responses": {
-                "200": _json(
-                    {
-                        "type": "object",
-                        "required": ["cancelled", "more"],
-                        "properties": {
-                            "cancelled": {"type": "integer", "minimum": 0},
-                            "more": {
-                                "type": "boolean",
-                                "description": "more may match: call again",
-                            },
-                        },
-                    },
-                    "How many this call cancelled",
-                ),
-                "400": _error("Invalid body (invalid_request)"),
-                "403": _error("Another tenant named (forbidden)"),
-                "413": _error("Body over the limit (payload_too_large)"),
-                **_READ_BUDGET,
-                **_STORE_DOWN,
-            },
-        },
+    **{
+        f"/v1/schedules:{verb}": _bulk_route(summary, statuses)
+        for verb, summary, statuses in (
+            ("cancel", "Cancel the schedules a selector matches", "PENDING or PAUSED"),
+            ("pause", "Pause the schedules a selector matches", "PENDING"),
+            ("resume", "Resume the schedules a selector matches", "PAUSED"),
+            ("retry", "Redrive the schedules a selector matches", "DELIVERY_FAILED"),
+        )
     },
     "/v1/schedules/{schedule_id}": {
         "parameters": [_ID, _TENANT],

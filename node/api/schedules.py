@@ -34,7 +34,7 @@ from node.errors import (
     ValidationFailed,
 )
 from node.schedule import changes
-from node.schedule.changes import Change, version_of
+from node.schedule.changes import BULK_VERBS, BulkVerb, Change, version_of
 from node.schedule.model import (
     MAX_KEY_BYTES,
     MAX_LABELS,
@@ -58,6 +58,7 @@ from node.schedule.parse import (
     validate_topic,
 )
 from node.schedule.times import aware, format_time, parse_time
+from node.store.contract import BULK_LIMIT
 from node.store.listing import Cursor, Listing, Selector
 
 log = structlog.get_logger("node.api.schedules")
@@ -381,38 +382,144 @@ async def retry_schedule(request: web.Request) -> web.Response:
     return await _change(request, "redriven", changes.redrive)
 
 
-_SELECTOR_FIELDS = frozenset({"labels", "key", "idPrefix", "dueBefore", "tenant"})
+_SELECTOR_FIELDS = frozenset(
+    {
+        "labels",
+        "key",
+        "idPrefix",
+        "topic",
+        "host",
+        "destination",
+        "status",
+        "dueBefore",
+        "tenant",
+        "dryRun",
+    }
+)
+_FINDERS = ("labels", "key", "idPrefix", "topic", "host")
 
 
 @routes.post("/v1/schedules:cancel")
 async def cancel_selected(request: web.Request) -> web.Response:
-    """Cancel every PENDING or PAUSED schedule of the caller's tenant that a
-    selector matches, in bounded batches; ``more`` says to call again."""
+    """Cancel the PENDING and PAUSED schedules a selector matches."""
+    return await _bulk(request, BULK_VERBS["cancel"])
+
+
+@routes.post("/v1/schedules:pause")
+async def pause_selected(request: web.Request) -> web.Response:
+    """Pause the PENDING schedules a selector matches."""
+    return await _bulk(request, BULK_VERBS["pause"])
+
+
+@routes.post("/v1/schedules:resume")
+async def resume_selected(request: web.Request) -> web.Response:
+    """Resume the PAUSED schedules a selector matches."""
+    return await _bulk(request, BULK_VERBS["resume"])
+
+
+@routes.post("/v1/schedules:retry")
+async def retry_selected(request: web.Request) -> web.Response:
+    """Redrive the DELIVERY_FAILED schedules a selector matches."""
+    return await _bulk(request, BULK_VERBS["retry"])
+
+
+async def _bulk(request: web.Request, verb: BulkVerb) -> web.Response:
+    """One call of a bulk verb on the caller's tenant, BULK_LIMIT at most:
+    ``more`` says to call again (more match, or one is still in flight). A
+    dry run counts the matches and changes nothing."""
     context = request.app[CONTEXT]
     unknown_parameters(request.query, set())
     data = await read_json(request, SELECTOR_BODY_LIMIT)
     if not isinstance(data, dict):
         raise ValidationFailed("body must be a JSON object")
+    dry_run = data.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise ValidationFailed("dryRun must be true or false", "dryRun")
+    selector = _selector(data, verb)
+    tenant = _caller(request).scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
+    async with context.reads.reading(tenant):
+        if dry_run:
+            count = await context.store.count_matching(
+                tenant, selector, verb.statuses, BULK_LIMIT + 1
+            )
+            return json_response(
+                {
+                    "matched": min(count, BULK_LIMIT),
+                    "changed": 0,
+                    "more": count > BULK_LIMIT,
+                    "dryRun": True,
+                }
+            )
+        bulk = await context.store.change_matching(tenant, selector, verb, context.now())
+    for bucket, due_at in bulk.due.items():
+        context.wakes.due(bucket, due_at)
+    context.metrics.bulk_changed.labels(verb.name).inc(bulk.changed)
+    if verb.name == "cancel":
+        context.metrics.schedules_cancelled.inc(bulk.changed)
+    log.info(
+        f"schedules {verb.done} by selector",
+        tenant=tenant,
+        matched=bulk.matched,
+        changed=bulk.changed,
+        more=bulk.more,
+    )
+    body: dict[str, Any] = {"matched": bulk.matched, "changed": bulk.changed, "more": bulk.more}
+    if verb.name == "cancel":
+        body["cancelled"] = bulk.changed  # what this route answered before the others came
+    return json_response(body)
+
+
+def _selector(data: dict[str, Any], verb: BulkVerb) -> Selector:
+    """A bulk verb's selector from its body: at least one finder (a range of
+    an index: never the whole tenant), then what narrows it."""
     unknown = sorted(set(data) - _SELECTOR_FIELDS)
     if unknown:
         raise ValidationFailed(f"unknown field {unknown[0]!r}", unknown[0])
-    if not {"labels", "key", "idPrefix"} & set(data):
-        raise ValidationFailed("name at least one of labels, key or idPrefix", "labels")
+    if not set(_FINDERS) & set(data):
+        raise ValidationFailed(
+            "name at least one of labels, key, idPrefix, topic or host", "labels"
+        )
     labels = parse_labels(data["labels"]) if "labels" in data else {}
     if "labels" in data and not labels:
         raise ValidationFailed("labels must name at least one label", "labels")
-    key = _key_filter(data["key"]) if "key" in data else None
-    id_prefix = validate_id(data["idPrefix"], "idPrefix") if "idPrefix" in data else None
-    due_before = parse_time(data["dueBefore"], "dueBefore") if "dueBefore" in data else None
-    tenant = _caller(request).scope(validate_tenant(data["tenant"]) if "tenant" in data else None)
-    selector = Selector(
-        labels=tuple(label_pairs(labels)), key=key, id_prefix=id_prefix, due_before=due_before
+    return Selector(
+        labels=tuple(label_pairs(labels)),
+        key=_key_filter(data["key"]) if "key" in data else None,
+        id_prefix=validate_id(data["idPrefix"], "idPrefix") if "idPrefix" in data else None,
+        topic=validate_topic(data["topic"]) if "topic" in data else None,
+        host=_host_filter(_text(data, "host")) if "host" in data else None,
+        destination=_destination_filter(_text(data, "destination"))
+        if "destination" in data
+        else None,
+        due_before=parse_time(data["dueBefore"], "dueBefore") if "dueBefore" in data else None,
+        statuses=_bulk_statuses(data, verb),
     )
-    async with context.reads.reading(tenant):
-        cancelled, more = await context.store.cancel_matching(tenant, selector, context.now())
-    context.metrics.schedules_cancelled.inc(cancelled)
-    log.info("schedules cancelled by selector", tenant=tenant, cancelled=cancelled, more=more)
-    return json_response({"cancelled": cancelled, "more": more})
+
+
+def _text(data: dict[str, Any], name: str) -> str:
+    value = data[name]
+    if not isinstance(value, str):
+        raise ValidationFailed(f"{name} must be a string", name)
+    return value
+
+
+def _bulk_statuses(data: dict[str, Any], verb: BulkVerb) -> tuple[str, ...]:
+    """``status``: one or a list of the verb's own statuses, to narrow it."""
+    if "status" not in data:
+        return ()
+    given = data["status"]
+    statuses = [given] if isinstance(given, str) else given
+    if (
+        not isinstance(statuses, list)
+        or not statuses
+        or any(s not in verb.statuses for s in statuses)
+    ):
+        allowed = " or ".join(verb.statuses)
+        raise ValidationFailed(
+            f"status must be {allowed} (or a list of them): a {verb.name} changes those only",
+            "status",
+        )
+    return tuple(dict.fromkeys(statuses))
 
 
 @routes.get("/v1/schedules/{schedule_id}/history")

@@ -172,9 +172,16 @@ class WakeRouter:
         Another node's: tell it over HTTP when it is due within a poll
         interval, so lateness does not depend on that node's poll interval.
         """
-        bucket, due_at = doc["bucket"], doc["dueAt"]
-        if bucket in self.usable():
+        if doc["bucket"] in self.usable():
             self.poller.accepted(doc)
+            return
+        self.due(doc["bucket"], doc["dueAt"])
+
+    def due(self, bucket: int, due_at: datetime) -> None:
+        """Work of ``bucket`` falls due at ``due_at`` (a verb on many made it
+        PENDING): wake its owner in time, ours or another node."""
+        if bucket in self.usable():
+            self.poller.hint(bucket, due_at)
             return
         owner = self.owner_of(bucket)
         if owner is None or owner == self.node_id:

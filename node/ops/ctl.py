@@ -12,17 +12,20 @@
     python -m node ctl reschedule ID (--at T | --in SECONDS) [--if-match VERSION]
     python -m node ctl pause ID | resume ID | trigger ID | retry ID  [--if-match VERSION]
     python -m node ctl cancel ID                     # one schedule
-    python -m node ctl cancel --label NAME=VALUE [--label ...] [--key K] [--id-prefix P]
-                              [--due-before T]       # every PENDING or PAUSED match
+    python -m node ctl cancel|pause|resume|retry --label NAME=VALUE [--label ...] [--key K]
+                              [--id-prefix P] [--topic T] [--host H] [--destination kafka|http]
+                              [--status S ...] [--due-before T] [--dry-run]
+                                                     # every match in the verb's statuses
     python -m node ctl drain                         # this node hands over and leaves
 
 ``--url`` (or ``SCHEDULER_URL``) names the node; the default is the local dev
 cluster's first node. ``--if-match`` takes a schedule's ``version`` (as get
 shows it) or ``*``: the change is made only if the schedule is still at that
-version. A bulk cancel calls ``POST /v1/schedules:cancel`` again while the node
-answers that more match, and prints the total. ``list`` follows the node's
-``next`` cursors until it has printed ``--limit`` schedules (default 100), and
-says how to go on from there.
+version. A verb by selector (no ID) calls ``POST /v1/schedules:<verb>`` again
+while the node answers ``more`` (more match, or one is still in flight: then a
+second later), and prints the totals; ``--dry-run`` prints the count only.
+``list`` follows the node's ``next`` cursors until it has printed ``--limit``
+schedules (default 100), and says how to go on from there.
 
 Exit status: 0 done, 1 the API refused (its error is printed: a 404, a 409
 for a schedule in flight or in the wrong status, a 412 when ``--if-match``
@@ -36,6 +39,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,12 +53,24 @@ TIMEOUT = 10.0
 # The node's largest page (GET /v1/schedules?limit=).
 MAX_PAGE = 1000
 DEFAULT_LIST = 100
+# A verb by selector whose node says more but changed nothing (what is left
+# is in flight) is asked again this many seconds later, at most SETTLE_CALLS
+# times in a row.
+SETTLE_WAIT = 1.0
+SETTLE_CALLS = 30
 # The verbs that change one schedule and take no body: POST /v1/schedules/{id}:verb.
 VERBS = {
     "pause": "pause a PENDING schedule: never due until resumed",
     "resume": "resume a PAUSED schedule (one past its deadline becomes EXPIRED)",
     "trigger": "make a PENDING schedule due now (recurring: one extra occurrence now)",
     "retry": "redrive a DELIVERY_FAILED schedule: PENDING, due now, attempts 0",
+}
+# The verbs that also take a selector instead of an ID, and what each changes.
+BULK = {
+    "cancel": "PENDING or PAUSED",
+    "pause": "PENDING",
+    "resume": "PAUSED",
+    "retry": "DELIVERY_FAILED",
 }
 
 
@@ -156,25 +172,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_when(reschedule)
     _add_if_match(reschedule)
     for verb, text in VERBS.items():
-        command = commands.add_parser(verb, help=text)
-        command.add_argument("id")
-        _add_if_match(command)
-
-    cancel = commands.add_parser(
-        "cancel",
-        help="cancel a schedule, or every PENDING or PAUSED one matching filters",
-        description="cancel ID cancels one schedule. Without an ID, every PENDING or "
-        "PAUSED schedule matching all the filters (at least one of --label, --key and "
-        "--id-prefix) is cancelled, calling the node again while it says more match; "
-        'prints {"cancelled": total, "calls": n}.',
-    )
-    cancel.add_argument("id", nargs="?", default=None)
-    _add_label_option(cancel, "schedules with this label (repeatable: all of them)")
-    cancel.add_argument("--key", default=None, help="schedules with this record key")
-    cancel.add_argument("--id-prefix", default=None, help="schedules whose id starts so")
-    cancel.add_argument("--due-before", default=None, help="due before this time (RFC 3339)")
+        if verb in BULK:
+            _add_bulk(commands, verb, text)
+        else:
+            command = commands.add_parser(verb, help=text)
+            command.add_argument("id")
+            _add_if_match(command)
+    _add_bulk(commands, "cancel", "cancel a PENDING or PAUSED schedule")
 
     commands.add_parser("drain", help="the node hands its buckets over and leaves the cluster")
+
+
+def _add_bulk(commands: Any, verb: str, text: str) -> None:
+    """A verb on one schedule (ID) or on every match of a selector."""
+    command = commands.add_parser(
+        verb,
+        help=f"{text}; without an ID, every match of the filters",
+        description=f"{verb} ID: one schedule. Without an ID: every schedule in the "
+        f"statuses a {verb} changes ({BULK[verb]}) matching all the filters (at least one "
+        "of --label, --key, --id-prefix, --topic and --host), calling the node again while "
+        'it says more; prints {"matched", "changed", "calls"} in total. --dry-run: the '
+        "count only, nothing changed.",
+    )
+    command.add_argument("id", nargs="?", default=None)
+    if verb != "cancel":
+        _add_if_match(command)
+    _add_label_option(command, "schedules with this label (repeatable: all of them)")
+    command.add_argument("--key", default=None, help="schedules with this record key")
+    command.add_argument("--id-prefix", default=None, help="schedules whose id starts so")
+    command.add_argument("--topic", default=None, help="schedules to this Kafka topic")
+    command.add_argument("--host", default=None, help="HTTP targets on this host")
+    command.add_argument(
+        "--destination", default=None, choices=("kafka", "http"), help="only this kind"
+    )
+    command.add_argument(
+        "--status",
+        dest="statuses",
+        action="append",
+        default=[],
+        help=f"only this of {BULK[verb]} (repeatable)",
+    )
+    command.add_argument("--due-before", default=None, help="due before this time (RFC 3339)")
+    command.add_argument("--dry-run", action="store_true", help="count the matches, change nothing")
 
 
 def _add_label_option(parser: argparse.ArgumentParser, text: str) -> None:
@@ -245,22 +284,17 @@ def perform(client: Client, args: argparse.Namespace, out: TextIO) -> None:
     elif args.action == "reschedule":
         body = {"executeAt": execute_at(args)}
         print_json(client.send("PATCH", schedule_path(args.id), body, if_match(args)), out)
+    elif args.action in BULK and args.id is None:
+        print_json(bulk(client, args.action, selector(args), dry_run=args.dry_run), out)
+    elif args.action in BULK and selector(args, required=False):
+        raise ValueError(f"{args.action} takes an ID or filters, not both")
+    elif args.action == "cancel":
+        print_json(client.send("DELETE", schedule_path(args.id)), out)
     elif args.action in VERBS:
         path = f"{schedule_path(args.id)}:{args.action}"
         print_json(client.send("POST", path, None, if_match(args)), out)
-    elif args.action == "cancel":
-        print_json(cancel(client, args), out)
     elif args.action == "drain":
         print_json(client.send("POST", "/v1/admin/drain"), out)
-
-
-def cancel(client: Client, args: argparse.Namespace) -> Any:
-    """Cancel the schedule named, or every one the filters match."""
-    if args.id is None:
-        return cancel_matching(client, cancel_filter(args))
-    if cancel_filter(args, required=False):
-        raise ValueError("cancel takes an ID or filters, not both")
-    return client.send("DELETE", schedule_path(args.id))
 
 
 def schedule_path(schedule_id: str) -> str:
@@ -309,36 +343,59 @@ def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def cancel_filter(args: argparse.Namespace, *, required: bool = True) -> dict[str, Any]:
-    """The body of POST /v1/schedules:cancel the options make ({} if none)."""
+def selector(args: argparse.Namespace, *, required: bool = True) -> dict[str, Any]:
+    """The selector the filter options make ({} if none)."""
     body: dict[str, Any] = {}
     if args.labels:
         body["labels"] = label_map(args.labels)
-    if args.key is not None:
-        body["key"] = args.key
-    if args.id_prefix is not None:
-        body["idPrefix"] = args.id_prefix
+    for option, name in (
+        ("key", "key"),
+        ("id_prefix", "idPrefix"),
+        ("topic", "topic"),
+        ("host", "host"),
+    ):
+        if getattr(args, option) is not None:
+            body[name] = getattr(args, option)
     if required and not body:
-        raise ValueError("cancel needs an ID, or at least one of --label, --key, --id-prefix")
+        raise ValueError(
+            f"{args.action} needs an ID, or at least one of --label, --key, --id-prefix, "
+            "--topic, --host"
+        )
+    if args.destination is not None:
+        body["destination"] = args.destination
+    if args.statuses:
+        body["status"] = args.statuses
     if args.due_before is not None:
         body["dueBefore"] = args.due_before
     return body
 
 
-def cancel_matching(client: Client, body: dict[str, Any]) -> dict[str, int]:
-    """Call the bulk cancel until the node says no more match."""
-    cancelled = calls = 0
+def bulk(
+    client: Client, verb: str, body: dict[str, Any], *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Call the verb by selector until the node says no more: the totals. A
+    call that changed nothing but says more (what is left is in flight) is
+    made again SETTLE_WAIT later, SETTLE_CALLS times in a row at most."""
+    path = f"/v1/schedules:{verb}"
+    if dry_run:
+        return dict(client.send("POST", path, {**body, "dryRun": True}))
+    matched = changed = calls = idle = 0
     while True:
-        answer = client.send("POST", "/v1/schedules:cancel", body)
+        answer = client.send("POST", path, body)
         calls += 1
-        cancelled += int(answer["cancelled"])
+        matched += int(answer["matched"])
+        changed += int(answer["changed"])
         if not answer["more"]:
-            return {"cancelled": cancelled, "calls": calls}
-        if not answer["cancelled"]:  # no progress: calling again would spin
+            totals = {"matched": matched, "changed": changed, "calls": calls}
+            return {**totals, "cancelled": changed} if verb == "cancel" else totals
+        idle = 0 if answer["changed"] else idle + 1
+        if idle >= SETTLE_CALLS:
             raise Refused(
-                f"the node says more match but cancelled none in call {calls}; "
-                f"stopped after cancelling {cancelled}"
+                f"the node says more but changed none in {idle} calls (left in flight?); "
+                f"stopped after changing {changed}"
             )
+        if idle:
+            time.sleep(SETTLE_WAIT)  # what is left is in flight: asked again a moment later
 
 
 def list_schedules(client: Client, args: argparse.Namespace, out: TextIO) -> None:

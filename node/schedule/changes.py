@@ -12,6 +12,7 @@ verb's write then matches nothing and is judged again on what is stored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -216,6 +217,43 @@ def redrive(doc: dict[str, Any], now: datetime) -> Change:
     if doc.get("expireAfterMs") is not None:
         sets.update(expiry_fields(now, int(doc["expireAfterMs"]) * _MS))
     return Change(sets, frozenset({"expireAt"}), due_at=now)
+
+
+def cancel(doc: dict[str, Any], now: datetime) -> Change:
+    """PENDING or PAUSED -> CANCELLED (a bulk cancel's change; the single
+    cancel writes the same with a condition of its own:
+    ``statements.cancellable``)."""
+    _require(doc, CHANGEABLE, "cancelled")
+    return Change({"status": Status.CANCELLED.value, "cancelledAt": now})
+
+
+@dataclass(frozen=True)
+class BulkVerb:
+    """A verb applied to every schedule a selector matches
+    (``POST /v1/schedules:<name>``)."""
+
+    name: str
+    done: str  # what the log says of a schedule it changed
+    # The statuses it changes; ``decide`` makes a change of each.
+    statuses: tuple[str, ...]
+    decide: Callable[[dict[str, Any], datetime], Change | None]
+    # A match in one of these keeps the verb from being done (``more``): a
+    # schedule in flight may still be delivered, and a recurring one comes
+    # back PENDING after it; the caller calls again until none is.
+    unsettled: tuple[str, ...] = ()
+
+
+_IN_FLIGHT = (Status.IN_FLIGHT.value,)
+BULK_VERBS = {
+    verb.name: verb
+    for verb in (
+        BulkVerb("cancel", "cancelled", (Status.PAUSED.value, Status.PENDING.value), cancel,
+                 _IN_FLIGHT),
+        BulkVerb("pause", "paused", (Status.PENDING.value,), pause, _IN_FLIGHT),
+        BulkVerb("resume", "resumed", (Status.PAUSED.value,), resume),
+        BulkVerb("retry", "redriven", (Status.DELIVERY_FAILED.value,), redrive),
+    )
+}  # fmt: skip
 
 
 def _set_or_clear(

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from node.errors import ScheduleConflict
-from node.schedule.changes import Change
+from node.schedule.changes import BulkVerb, Change
 from node.schedule.model import NewSchedule, Status, public_id
 from node.schedule.times import aware
 from node.store.listing import Listing, Page, Selector
@@ -45,10 +45,28 @@ DEFAULT_RETENTION = timedelta(days=7)
 # it read; a claim or another verb in between makes it read and decide again,
 # at most this many times (each loss means the schedule did change).
 CHANGE_ATTEMPTS = 5
-# A bulk cancel reads and cancels this many at a time, and at most
-# BULK_CANCEL_LIMIT in one call (the answer says whether more match).
-BULK_CANCEL_BATCH = 500
-BULK_CANCEL_LIMIT = 10_000
+# A bulk verb (``Schedules.change_matching``) reads and writes this many at a
+# time, and at most BULK_LIMIT in one call (the answer says whether more match).
+BULK_BATCH = 500
+BULK_LIMIT = 10_000
+# What a bulk verb reads of each match: what the verbs decide on
+# (``node/schedule/changes.py``) and write under, never a payload.
+BULK_FIELDS = {
+    name: 1
+    for name in ("bucket", "status", "version", "dueAt", "recurrence", "deadline", "expireAfterMs")
+}
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """What one call of a bulk verb did."""
+
+    matched: int  # schedules the selector matched in the verb's statuses
+    changed: int  # of those, changed (the rest moved meanwhile: a claim, a verb)
+    more: bool  # call again: more match, or a match is still in flight
+    # The earliest due time, by bucket, of what it made PENDING: the owners
+    # to wake (``node/delivery/hints.py``).
+    due: Mapping[int, datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -289,13 +307,23 @@ class Schedules(Protocol):
         status sets ``expireAt``. ``if_match`` and another version:
         ``VersionMismatch``."""
 
-    async def cancel_matching(
-        self, tenant: str, selector: Selector, now: datetime
-    ) -> tuple[int, bool]:
-        """Cancel the tenant's PENDING and PAUSED schedules ``selector``
-        matches, in bounded batches, each with the cancel's own condition (so
-        one claimed meanwhile is delivered, not also cancelled); at most
-        BULK_CANCEL_LIMIT in one call. Returns (cancelled, more to cancel)."""
+    async def change_matching(
+        self, tenant: str, selector: Selector, verb: BulkVerb, now: datetime
+    ) -> Bulk:
+        """Apply ``verb`` to the tenant's schedules ``selector`` matches in
+        the verb's statuses, BULK_BATCH at a time, at most BULK_LIMIT in one
+        call: each match is read (``BULK_FIELDS``), ``verb.decide`` judges
+        it, and the change is written where it is still at the status and
+        version read, so a match claimed meanwhile is delivered, not also
+        changed (found again by the next call if it comes back). ``more``:
+        more match past the limit, or one is in a status of
+        ``verb.unsettled`` (in flight)."""
+
+    async def count_matching(
+        self, tenant: str, selector: Selector, statuses: Sequence[str], limit: int
+    ) -> int:
+        """How many of the tenant's schedules ``selector`` matches in
+        ``statuses``, counting to ``limit`` at most (a bulk verb's dry run)."""
 
     async def list_page(
         self, listing: Listing, *, payloads: bool = False, max_bytes: int = 0

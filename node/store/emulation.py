@@ -157,11 +157,15 @@ def stored(value: Any) -> Any:
 
 
 def project(doc: Document, projection: Mapping[str, int] | None) -> Document:
-    """A copy of ``doc`` without the fields an exclusion projection names."""
+    """A copy of ``doc`` as ``projection`` shapes it: the fields an
+    exclusion projection names removed, or only ``_id`` and those an
+    inclusion projection names (a mix of both is not MongoDB's either)."""
     copy: Document = stored(doc)
-    for name, keep in (projection or {}).items():
-        if keep:
-            raise NotImplementedError("an inclusion projection")
+    if projection and any(projection.values()):
+        if not all(projection.values()):
+            raise NotImplementedError("a projection both including and excluding")
+        return {name: value for name, value in copy.items() if name == "_id" or name in projection}
+    for name in projection or {}:
         copy.pop(name, None)
     return copy
 

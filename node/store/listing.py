@@ -11,6 +11,7 @@ property of the code rather than of the planner's guess.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -150,18 +151,30 @@ class Listing:
 
 @dataclass(frozen=True, kw_only=True)
 class Selector:
-    """What a bulk cancel matches: labels (all), a key, an id prefix, and
-    optionally a due bound; at least one of the first three."""
+    """What a bulk verb matches (``:cancel``, ``:pause``, ``:resume``,
+    ``:retry``): labels (all), a key, an id prefix, a topic or an http
+    target's host, at least one of them (each an index's range); then,
+    within it, a due bound, a destination kind and statuses (the verb's
+    own, narrowed)."""
 
     labels: tuple[str, ...] = ()
     key: str | None = None
     id_prefix: str | None = None
+    topic: str | None = None
+    host: str | None = None
     due_before: datetime | None = None
+    destination: str | None = None  # "kafka" or "http": narrowing only
+    statuses: tuple[str, ...] = ()  # empty: the verb's own
 
     def __post_init__(self) -> None:
-        # A selector of nothing would match, and cancel, the whole tenant.
-        if not (self.labels or self.key or self.id_prefix):
-            raise ValueError("a selector needs labels, a key or an id prefix")
+        # A selector of nothing would match, and change, the whole tenant.
+        if not self.finds:
+            raise ValueError("a selector needs labels, a key, an id prefix, a topic or a host")
+
+    @property
+    def finds(self) -> bool:
+        """Whether it names a range to read (not the whole tenant)."""
+        return bool(self.labels or self.key or self.id_prefix or self.topic or self.host)
 
     @property
     def index(self) -> str:
@@ -169,9 +182,15 @@ class Selector:
             return "by_tenant_label"
         if self.key is not None:
             return "by_tenant_key"
+        if self.topic is not None:
+            return "by_tenant_topic"
+        if self.host is not None and self.id_prefix is None:
+            return "by_tenant_host"
         return "by_tenant_id"
 
-    def filter(self, tenant: str) -> dict[str, Any]:
+    def filter(self, tenant: str, statuses: Sequence[str]) -> dict[str, Any]:
+        """The tenant's schedules it matches at one of ``statuses`` (the
+        verb's); the selector's own statuses narrow them."""
         query: dict[str, Any] = {"tenant": tenant}
         if self.labels:
             query["labels"] = {"$all": list(self.labels)}
@@ -180,6 +199,14 @@ class Selector:
         if self.id_prefix is not None:
             first = storage_id(tenant, self.id_prefix)
             query["_id"] = {"$gte": first, "$lt": first + _PAST_ID_CHARACTERS}
+        if self.topic is not None:
+            query["topic"] = self.topic
+        if self.host is not None:
+            query["http.host"] = self.host
+        if self.destination is not None:
+            query["http" if self.destination == "http" else "topic"] = {"$exists": True}
         if self.due_before is not None:
             query["dueAt"] = {"$lt": self.due_before}
+        wanted = [s for s in statuses if not self.statuses or s in self.statuses]
+        query["status"] = wanted[0] if len(wanted) == 1 else {"$in": wanted}
         return query

@@ -40,20 +40,22 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from node.errors import ScheduleConflict, StoreUnavailable
-from node.schedule.changes import Change, version_of
+from node.schedule.changes import BulkVerb, Change, version_of
 from node.schedule.model import NewSchedule, Status
 from node.schedule.payload import payload_size
 from node.schedule.times import aware
 from node.store import statements
 from node.store.contract import (
-    BULK_CANCEL_BATCH,
-    BULK_CANCEL_LIMIT,
+    BULK_BATCH,
+    BULK_FIELDS,
+    BULK_LIMIT,
     CHANGE_ATTEMPTS,
     DEFAULT_RETENTION,
     MAX_TENANTS_PER_ROUND,
     Attempt,
     AttemptHistory,
     BucketLeases,
+    Bulk,
     ChangeFeed,
     Claimed,
     Completion,
@@ -64,7 +66,7 @@ from node.store.contract import (
 from node.store.documents import schedule_document
 from node.store.emulation import Document, apply, matches, project, sort, stored
 from node.store.listing import Listing, Page, Selector
-from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
+from node.store.statements import WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
 Clock = Callable[[], datetime]
 P = ParamSpec("P")
@@ -356,23 +358,37 @@ class MemorySchedules(Faults):
         raise kept_changing(schedule_id)
 
     @_store_call
-    async def cancel_matching(
-        self, tenant: str, selector: Selector, now: datetime
-    ) -> tuple[int, bool]:
-        query = {**selector.filter(tenant), "status": {"$in": LIVE}}
-        cancelled = 0
-        while cancelled < BULK_CANCEL_LIMIT:
-            found = self.documents.find(query, order=[("_id", 1)], limit=BULK_CANCEL_BATCH)
-            if not found:
-                return cancelled, False
-            cancelled += self.documents.update(
-                {**ids_and_buckets(found), "status": {"$in": LIVE}},
-                statements.cancelled(now, self.retention),
-                many=True,
+    async def change_matching(
+        self, tenant: str, selector: Selector, verb: BulkVerb, now: datetime
+    ) -> Bulk:
+        query = selector.filter(tenant, verb.statuses)
+        matched = changed = 0
+        due: dict[int, datetime] = {}
+        while matched < BULK_LIMIT:
+            found = self.documents.find(
+                query, order=[("_id", 1)], limit=BULK_BATCH, projection=BULK_FIELDS
             )
-            if len(found) < BULK_CANCEL_BATCH:
-                return cancelled, False
-        return cancelled, bool(self.documents.find(query, limit=1))
+            matched += len(found)
+            writes, woken = statements.bulk_changes(
+                found, verb, now, self.bucket_count, self.retention
+            )
+            for condition, update in writes:
+                changed += self.documents.update(condition, update)
+            for bucket, at in woken.items():
+                due[bucket] = min(due.get(bucket, at), at)
+            if len(found) < BULK_BATCH:
+                break
+        statuses = statements.bulk_left(verb, matched >= BULK_LIMIT)
+        more = bool(statuses) and bool(
+            self.documents.find(selector.filter(tenant, statuses), limit=1)
+        )
+        return Bulk(matched, changed, more, due)
+
+    @_store_call
+    async def count_matching(
+        self, tenant: str, selector: Selector, statuses: Sequence[str], limit: int
+    ) -> int:
+        return min(limit, self.documents.count(selector.filter(tenant, statuses)))
 
     @_store_call
     async def list_page(

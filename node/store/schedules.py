@@ -47,18 +47,20 @@ from node.errors import (
     ScheduleConflict,
     StoreUnavailable,
 )
-from node.schedule.changes import Change, version_of
+from node.schedule.changes import BulkVerb, Change, version_of
 from node.schedule.model import NewSchedule, Status
 from node.schedule.payload import payload_size
 from node.schedule.times import aware
 from node.store import due_changes, statements
 from node.store.boundary import DURABLE, store_call
 from node.store.contract import (
-    BULK_CANCEL_BATCH,
-    BULK_CANCEL_LIMIT,
+    BULK_BATCH,
+    BULK_FIELDS,
+    BULK_LIMIT,
     CHANGE_ATTEMPTS,
     DEFAULT_RETENTION,
     MAX_TENANTS_PER_ROUND,
+    Bulk,
     ChangeFeed,
     Claimed,
     Completion,
@@ -67,7 +69,7 @@ from node.store.contract import (
 from node.store.documents import INDEXES, SUPERSEDED_INDEXES, schedule_document
 from node.store.group_insert import GroupInserter
 from node.store.listing import Listing, Page, Selector
-from node.store.statements import LIVE, WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
+from node.store.statements import WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
 FORMAT_VERSION = 1
 CLUSTER_DOC_ID = "cluster"
@@ -361,41 +363,63 @@ class ScheduleStore:
         raise kept_changing(schedule_id)
 
     @store_call
-    async def cancel_matching(
-        self, tenant: str, selector: Selector, now: datetime
-    ) -> tuple[int, bool]:
-        """Cancel the tenant's PENDING and PAUSED schedules that ``selector``
-        matches, BULK_CANCEL_BATCH at a time: read their ids from the index
-        the selector names, then cancel them with the cancel's own condition
-        (PENDING or PAUSED), so one claimed meanwhile is delivered, not also
-        cancelled. Returns (cancelled, more to cancel)."""
-        query = {**selector.filter(tenant), "status": {"$in": LIVE}}
-        cancelled = 0
-        while cancelled < BULK_CANCEL_LIMIT:
+    async def change_matching(
+        self, tenant: str, selector: Selector, verb: BulkVerb, now: datetime
+    ) -> Bulk:
+        """The verb on each match: read a batch from the index the selector
+        names, then one ``bulk_write`` of an ``UpdateOne`` per match, each
+        targeted by its bucket and written under the status and version
+        read (``statements.bulk_changes``)."""
+        query = selector.filter(tenant, verb.statuses)
+        matched = changed = 0
+        due: dict[int, datetime] = {}
+        while matched < BULK_LIMIT:
             with self._bounded_read():
                 found = await self.schedules.find(
                     query,
-                    {"bucket": 1},
-                    limit=BULK_CANCEL_BATCH,
-                    batch_size=BULK_CANCEL_BATCH,
+                    BULK_FIELDS,
+                    limit=BULK_BATCH,
+                    batch_size=BULK_BATCH,
                     **self._hint(selector.index),
                 ).to_list()
-            if not found:
-                return cancelled, False
-            ops = [
-                UpdateMany(
-                    {**ids_and_buckets(chunk), "status": {"$in": LIVE}},
-                    statements.cancelled(now, self.retention),
+            matched += len(found)
+            writes, woken = statements.bulk_changes(
+                found, verb, now, self.bucket_count, self.retention
+            )
+            if writes:
+                result = await self._durable.bulk_write(
+                    [UpdateOne(condition, update) for condition, update in writes], ordered=False
                 )
-                for chunk in _chunks(found)
-            ]
-            result = await self._durable.bulk_write(ops, ordered=False)
-            cancelled += result.modified_count
-            if len(found) < BULK_CANCEL_BATCH:
-                return cancelled, False
+                changed += result.modified_count
+            for bucket, at in woken.items():
+                due[bucket] = min(due.get(bucket, at), at)
+            if len(found) < BULK_BATCH:
+                break
+        more = await self._more_to(tenant, selector, verb, stopped=matched >= BULK_LIMIT)
+        return Bulk(matched, changed, more, due)
+
+    async def _more_to(
+        self, tenant: str, selector: Selector, verb: BulkVerb, *, stopped: bool
+    ) -> bool:
+        """Whether a bulk verb has more to do: matches past its limit, or
+        one still in flight (``BulkVerb.unsettled``)."""
+        statuses = statements.bulk_left(verb, stopped)
+        if not statuses:
+            return False
         with self._bounded_read():
-            more = await self.schedules.find_one(query, {"_id": 1}, **self._hint(selector.index))
-        return cancelled, more is not None
+            left = await self.schedules.find_one(
+                selector.filter(tenant, statuses), {"_id": 1}, **self._hint(selector.index)
+            )
+        return left is not None
+
+    @store_call
+    async def count_matching(
+        self, tenant: str, selector: Selector, statuses: Sequence[str], limit: int
+    ) -> int:
+        with self._bounded_read():
+            return await self.schedules.count_documents(
+                selector.filter(tenant, statuses), limit=limit, **self._hint(selector.index)
+            )
 
     @store_call
     async def list_page(

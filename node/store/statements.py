@@ -17,8 +17,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from node.errors import NotCancellable, VersionMismatch
-from node.schedule.changes import Change, version_of
+from node.errors import InvalidState, NotCancellable, ScheduleInFlight, VersionMismatch
+from node.schedule.changes import BulkVerb, Change, version_of
 from node.schedule.model import CHANGEABLE, FINAL, RECENT_OCCURRENCES, Status, public_id
 from node.schedule.payload import INLINE, LARGE
 from node.schedule.times import aware
@@ -343,6 +343,40 @@ def change_update(change: Change, now: datetime, retention: timedelta) -> dict[s
     if change.unset:
         update["$unset"] = {name: "" for name in sorted(change.unset)}
     return update
+
+
+def bulk_changes(
+    found: Iterable[dict[str, Any]],
+    verb: BulkVerb,
+    now: datetime,
+    bucket_count: int,
+    retention: timedelta,
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], dict[int, datetime]]:
+    """A bulk verb's writes for the matches ``found`` (as read: ``BULK_FIELDS``):
+    (condition, update) for each, under the status and version read, and
+    the earliest due time by bucket of those it makes PENDING. A match the
+    verb refuses as stored (it moved since the read) is left alone."""
+    writes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    due: dict[int, datetime] = {}
+    for doc in found:
+        try:
+            change = verb.decide(doc, now)
+        except (InvalidState, ScheduleInFlight):
+            continue
+        if change is None:
+            continue
+        writes.append((unchanged(doc, bucket_count), change_update(change, now, retention)))
+        if change.due_at is not None:
+            bucket = int(doc["bucket"])
+            due[bucket] = min(due.get(bucket, change.due_at), change.due_at)
+    return writes, due
+
+
+def bulk_left(verb: BulkVerb, stopped: bool) -> list[str]:
+    """The statuses in which a match left means the verb has more to do:
+    its own, when it ``stopped`` at its limit (BULK_LIMIT); the unsettled
+    ones (in flight) always."""
+    return [*verb.statuses, *verb.unsettled] if stopped else [*verb.unsettled]
 
 
 # -- leases ----------------------------------------------------------------------
