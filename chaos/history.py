@@ -49,6 +49,7 @@ PATCH = "patch"  # a new executeAt
 PAUSE = "pause"
 RESUME = "resume"
 BULK_CANCEL = "bulk-cancel"  # POST /v1/schedules:cancel of one label group
+BULK_PAUSE = "bulk-pause"  # POST /v1/schedules:pause of one label group
 # A nemesis op that adds fields to an earlier fault's event (value["of"]).
 NOTE = "note"
 BROKER_STALL = "broker-stall"

@@ -17,7 +17,10 @@ meet them, and at these shares the load stays what it was):
   a resumed one is owed again, one never resumed is owed nothing;
 * BULK_CANCELS times a run, ``POST /v1/schedules:cancel`` takes the
   PENDING and PAUSED schedules of one group (a different one each time)
-  due within BULK_AHEAD seconds;
+  due within BULK_AHEAD seconds, and BULK_PAUSES times ``POST
+  /v1/schedules:pause`` the PENDING ones of another group, never resumed:
+  each is called again while it answers ``more``, and once it answers
+  ``more: false`` nothing it took may go out;
 * CHAINS recurring schedules, one occurrence every CHAIN_EVERY seconds
   over the whole load, each occurrence owed once.
 
@@ -64,7 +67,8 @@ RESUME_SHARE = 0.5  # of the paused, resumed
 VERB_DELAY = 1.0  # a verb follows its schedule's create by up to this (seconds)
 GROUPS = 8  # each schedule's label {"group": "g<k>"}
 BULK_CANCELS = 3  # bulk cancels a run, each of its own group
-BULK_AHEAD = 3.0  # seconds: a bulk cancel's dueBefore, from when it is sent
+BULK_PAUSES = 2  # bulk pauses a run, each of a group of its own
+BULK_AHEAD = 3.0  # seconds: a bulk verb's dueBefore, from when it is sent
 # Recurring schedules running through every fault: each occurrence must be
 # delivered once (fire_all with a cap no outage here reaches, so even an
 # occurrence missed by more than the misfire threshold is owed).
@@ -144,7 +148,7 @@ class Answer:
         the figures a verb's answer carries."""
         data = self.data if isinstance(self.data, dict) else {}
         kept = {"status": self.status, "code": self.code}
-        for key in ("version", "cancelled", "more"):
+        for key in ("version", "cancelled", "changed", "more"):
             if key in data:
                 kept[key] = data[key]
         return kept
@@ -224,7 +228,7 @@ class Load:
         share = self.webhook.share if self.webhook else 0.0
         http_chains = round(CHAINS * share)
         tasks = [asyncio.create_task(self._chain(n, n < http_chains)) for n in range(CHAINS)]
-        tasks.append(asyncio.create_task(self._bulk_cancels()))
+        tasks.append(asyncio.create_task(self._bulk_verbs()))
         for i in range(int(self.rate * self.duration)):
             delay = started + i / self.rate - time.time()
             if delay > 0:
@@ -400,33 +404,31 @@ class Load:
         )
         self.recurring.discard(schedule_id)
 
-    # -- bulk cancels ------------------------------------------------------------
+    # -- bulk verbs ---------------------------------------------------------------
 
-    async def _bulk_cancels(self) -> None:
-        """BULK_CANCELS bulk cancels spread over the load, each of a group of
-        its own (so a schedule it took was taken by that one call)."""
-        groups = self.rng.sample(range(GROUPS), BULK_CANCELS)
+    async def _bulk_verbs(self) -> None:
+        """BULK_CANCELS bulk cancels and BULK_PAUSES bulk pauses spread over
+        the load, each of a group of its own (so a schedule one took was
+        taken by that call)."""
+        verbs = [ops.BULK_CANCEL] * BULK_CANCELS + [ops.BULK_PAUSE] * BULK_PAUSES
+        groups = self.rng.sample(range(GROUPS), len(verbs))
         times = sorted(self.rng.uniform(0.15, 0.85) * self.duration for _ in groups)
-        for group, at in zip(groups, times, strict=True):
+        for verb, group, at in zip(verbs, groups, times, strict=True):
             delay = self.history.started + at - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await self._bulk_cancel(f"g{group}")
+            await self._bulk(verb, f"g{group}")
 
-    async def _bulk_cancel(self, group: str) -> None:
-        """Cancel the group's schedules due within BULK_AHEAD s; safe to
-        repeat, so tried again on no answer or a 5xx (and while ``more``)."""
+    async def _bulk(self, verb: str, group: str) -> None:
+        """Cancel or pause the group's schedules due within BULK_AHEAD s; safe
+        to repeat, so tried again on no answer or a 5xx, and while ``more``
+        (a moment later when nothing changed: what is left is in flight)."""
         due_before = datetime.now(UTC) + timedelta(seconds=BULK_AHEAD)
         body = {"labels": {"group": group}, "dueBefore": iso(due_before)}
+        path = "/v1/schedules:cancel" if verb == ops.BULK_CANCEL else "/v1/schedules:pause"
         for _ in range(CREATE_TRIES):
             called = await self._called(
-                "bulk",
-                ops.BULK_CANCEL,
-                "POST",
-                "/v1/schedules:cancel",
-                body,
-                schedule=None,
-                group=group,
+                "bulk", verb, "POST", path, body, schedule=None, group=group
             )
             if called is None:
                 await asyncio.sleep(0.2)

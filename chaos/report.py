@@ -90,10 +90,10 @@ def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
         ),
         ("cancelled but delivered", result["cancelled_delivered"]),
         (
-            "rescheduled; paused (resumed, still paused); taken by bulk cancels",
+            "rescheduled; paused (resumed, still paused); taken by bulk cancels, pauses",
             f"{result.get('rescheduled', 0)}; {result.get('paused', 0)} "
             f"({result.get('resumed', 0)}, {result.get('still_paused', 0)}); "
-            f"{result.get('bulk_cancelled', 0)}",
+            f"{result.get('bulk_cancelled', 0)}, {result.get('bulk_paused', 0)}",
         ),
         ("delivered while paused", result.get("paused_delivered", 0)),
         (

@@ -45,24 +45,36 @@ Views = Mapping[str, Mapping[str, Any]]
 
 def needs_views(history: History) -> set[str]:
     """The schedules whose views settle something: every unknown call's, and
-    the members of each bulk-cancelled group not cancelled otherwise."""
+    the members of each group a bulk verb was sent to, but those a DELETE
+    or a pause of their own took aside."""
     unknown = {
         call.schedule
         for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH, ops.RESUME)
         if call.unknown
     }
-    return unknown | set(_bulk_members(history))
+    return (
+        unknown
+        | set(_bulk_members(history, ops.BULK_CANCEL))
+        | set(_bulk_members(history, ops.BULK_PAUSE))
+    )
 
 
-def _bulk_members(history: History) -> dict[str, str]:
-    """Schedule -> its label group, for the groups a bulk cancel was sent to
-    (those a DELETE took aside)."""
-    groups = {call["group"] for call in history.calls(ops.BULK_CANCEL)}
-    cancelled = history.took(ops.CANCEL)
+# What a bulk verb leaves a schedule it took.
+_TAKEN_TO = {ops.BULK_CANCEL: "CANCELLED", ops.BULK_PAUSE: "PAUSED"}
+
+
+def _bulk_members(history: History, verb: str) -> dict[str, str]:
+    """Schedule -> its label group, for the groups ``verb`` was sent to:
+    those a DELETE took aside, and (a bulk pause's) those paused on their
+    own, which the bulk pause may not have taken."""
+    groups = {call["group"] for call in history.calls(verb)}
+    aside = history.took(ops.CANCEL)
+    if verb == ops.BULK_PAUSE:
+        aside |= {call.schedule for call in history.calls(ops.PAUSE)}
     return {
         call.schedule: call["group"]
         for call in history.calls(ops.CREATE)
-        if call.type == ops.OK and call.get("group") in groups and call.schedule not in cancelled
+        if call.type == ops.OK and call.get("group") in groups and call.schedule not in aside
     }
 
 
@@ -131,17 +143,20 @@ def _times_before(history: History) -> dict[int, float]:
 
 
 def _bulk_takings(history: History, views: Views) -> dict[int, Op]:
-    """Each group's last bulk-cancel answer, with the members it took."""
-    last = {call["group"]: call for call in history.calls(ops.BULK_CANCEL)}
-    took: dict[str, list[str]] = {group: [] for group in last}
-    for schedule, group in _bulk_members(history).items():
-        if views.get(schedule, {}).get("status") == "CANCELLED":
-            took[group].append(schedule)
-    return {
-        call.done.index: replace(call.done, value={**call.done.value, "took": sorted(took[group])})
-        for group, call in last.items()
-        if call.done is not None
-    }
+    """Each group's last bulk answer, with the members it took: those left
+    CANCELLED by a bulk cancel, PAUSED by a bulk pause."""
+    replaced: dict[int, Op] = {}
+    for verb, status in _TAKEN_TO.items():
+        last = {call["group"]: call for call in history.calls(verb)}
+        took: dict[str, list[str]] = {group: [] for group in last}
+        for schedule, group in _bulk_members(history, verb).items():
+            if views.get(schedule, {}).get("status") == status:
+                took[group].append(schedule)
+        for group, call in last.items():
+            if call.done is not None:
+                value = {**call.done.value, "took": sorted(took[group])}
+                replaced[call.done.index] = replace(call.done, value=value)
+    return replaced
 
 
 async def read_views(

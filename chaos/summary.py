@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from chaos import history as ops
 from chaos.checker import LATE_OUTSIDE_WINDOWS
 from chaos.history import History
 from chaos.report import render_html
@@ -132,15 +133,25 @@ def _verb_line(result: dict[str, Any]) -> str:
     """What the verbs did: counts of the schedules each changed, and every
     answer they got (``verbs``), e.g. ``pause 409 in_flight 2``."""
     calls = result.get("bulk_calls", [])
+    cancels = [c for c in calls if c.get("verb", ops.BULK_CANCEL) == ops.BULK_CANCEL]
+    pauses = [c for c in calls if c.get("verb") == ops.BULK_PAUSE]
     answers = ", ".join(f"{k} {v}" for k, v in result.get("verbs", {}).items()) or "none"
     return (
         f"schedules changed by the verbs: {result.get('rescheduled', 0)} rescheduled, "
         f"{result.get('paused', 0)} paused ({result.get('resumed', 0)} resumed, "
         f"{result.get('still_paused', 0)} still paused at the end), "
-        f"{result.get('bulk_cancelled', 0)} taken by {len(calls)} bulk cancels "
-        f"(answered {sum(c['cancelled'] for c in calls)} cancelled), "
+        f"{result.get('bulk_cancelled', 0)} taken by {len(cancels)} bulk cancels "
+        f"(answered {sum(_changed(c) for c in cancels)} cancelled), "
+        f"{result.get('bulk_paused', 0)} by {len(pauses)} bulk pauses "
+        f"(answered {sum(_changed(c) for c in pauses)} paused), "
         f"{result.get('unsettled', 0)} outcomes unsettled; answers: {answers}"
     )
+
+
+def _changed(call: dict[str, Any]) -> int:
+    """What a bulk verb's calls answered they changed (a report of an earlier
+    release: ``cancelled``)."""
+    return int(call.get("changed", call.get("cancelled", 0)))
 
 
 def receiver_lines(result: dict[str, Any]) -> list[str]:

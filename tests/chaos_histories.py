@@ -114,6 +114,15 @@ class Load:
         )
         return self
 
+    def bulk_pause(self, group: str, answered: float, took: Iterable[str]) -> Load:
+        """A bulk pause of a label group, settled: the members it took."""
+        taken = sorted(took)
+        invoked = self.history.invoke("bulk", ops.BULK_PAUSE, answered - TOOK, group=group)
+        self.history.complete(
+            invoked, ops.OK, answered, status=200, changed=len(taken), more=False, took=taken
+        )
+        return self
+
     def fault(
         self, do: str, at: float, lasting: float = 0.0, step: str | None = None, **fields: Any
     ) -> Op:

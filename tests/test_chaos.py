@@ -138,8 +138,9 @@ def test_the_summary_counts_what_the_verbs_changed_and_what_broke() -> None:
     assert "delivered while paused 1, rescheduled at the wrong time 1," in text
     assert (
         "schedules changed by the verbs: 1 rescheduled, 2 paused (1 resumed, 1 still paused "
-        "at the end), 1 taken by 1 bulk cancels (answered 1 cancelled), 0 outcomes unsettled; "
-        "answers: PATCH 200 2, pause 200 2, resume 200 1"
+        "at the end), 1 taken by 1 bulk cancels (answered 1 cancelled), 0 by 0 bulk pauses "
+        "(answered 0 paused), 0 outcomes unsettled; answers: PATCH 200 2, pause 200 2, "
+        "resume 200 1"
     ) in text
 
 

@@ -411,6 +411,21 @@ def test_a_bulk_cancelled_schedule_is_owed_nothing_and_never_goes_out_after_the_
     assert result["cancelled_delivered_ids"] == ["a"]
 
 
+def test_a_bulk_paused_schedule_is_owed_nothing_and_never_goes_out_after_the_last_200() -> None:
+    def taken(execute_at: float) -> History:  # the bulk pause's last call answered at 100
+        return Load().created({"a": execute_at}, group="g1").bulk_pause("g1", 100.0, ["a"]).history
+
+    result = check(taken(102.0), topic())
+    assert passed(result) and (result["lost"], result["bulk_paused"]) == (0, 1)
+    assert result["still_paused"] == 0  # counted as the bulk pause's
+    # Out before the last answer: in flight when the pause was sent (its
+    # more then true), put back and paused after: not a breach.
+    assert passed(check(taken(99.0), topic(Delivery("a", 1, 1, 99.5))))
+    result = check(taken(102.0), topic(Delivery("a", 1, 1, 102.1)))
+    assert not passed(result)
+    assert result["paused_delivered_ids"] == ["a"]
+
+
 def test_a_schedule_paused_for_good_is_owed_nothing_and_never_goes_out_after_the_200() -> None:
     def paused(execute_at: float) -> History:  # the pause answered at 100, no resume
         return Load().created({"p": execute_at}).pause("p", 100.0).history

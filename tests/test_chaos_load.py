@@ -17,6 +17,8 @@ from aiohttp import web
 from chaos import load as load_module
 from chaos.checker.model import bulk_calls, changes, expected, facts, unsettled, verb_answers
 from chaos.history import (
+    BULK_CANCEL,
+    BULK_PAUSE,
     CANCEL,
     CREATE,
     FAIL,
@@ -184,18 +186,28 @@ def test_a_retry_after_paces_the_next_try_within_a_cap() -> None:
     assert retry_after("0", 0.1) == 0.1
 
 
-async def test_a_bulk_cancel_is_asked_again_while_more_remain(
+async def test_a_bulk_verb_is_asked_again_while_more_remain(
     node: tuple[str, dict[str, Handler]],
 ) -> None:
     url, handlers = node
-    pages = iter([{"cancelled": 500, "more": True}, {"cancelled": 7, "more": False}])
+    pages = iter([{"cancelled": 500, "changed": 500, "more": True},
+                  {"cancelled": 7, "changed": 7, "more": False}])  # fmt: skip
     handlers["POST /v1/schedules:cancel"] = lambda _request: web.json_response(next(pages))
+    # A pause whose second answer changed nothing (a match in flight): asked
+    # again a moment later, until more is false.
+    paused = iter([{"changed": 3, "more": True}, {"changed": 0, "more": True},
+                   {"changed": 1, "more": False}])  # fmt: skip
+    handlers["POST /v1/schedules:pause"] = lambda _request: web.json_response(next(paused))
     history = History(started=0.0)
     async with aiohttp.ClientSession() as session:
         load = await a_load(url, session, history)
-        await load._bulk_cancel("g3")
-    [call] = bulk_calls(history)
-    assert (call["group"], call["cancelled"], call["answers"]) == ("g3", 507, [200, 200])
+        await load._bulk(BULK_CANCEL, "g3")
+        await load._bulk(BULK_PAUSE, "g4")
+    cancel, pause = bulk_calls(history)
+    assert (cancel["verb"], cancel["group"], cancel["changed"]) == (BULK_CANCEL, "g3", 507)
+    assert cancel["answers"] == [200, 200]
+    assert (pause["verb"], pause["group"], pause["changed"]) == (BULK_PAUSE, "g4", 4)
+    assert pause["answers"] == [200, 200, 200]
 
 
 def unknown_verbs() -> History:
@@ -242,6 +254,26 @@ def test_the_unknown_outcomes_settle_from_the_views() -> None:
     again = settle(history, {**{"x": view("PENDING")}, **views})
     assert "x" not in changes(again).moved and not changes(again).unsure
     assert facts(again).accepted["x"] == 100.0 and unsettled(again) == 0
+
+
+def test_a_bulk_pause_took_the_group_s_members_left_paused_but_those_paused_alone() -> None:
+    history = History(started=0.0)
+    for schedule_id in ("a", "b", "c", "d"):
+        created(history, schedule_id, group="g6")
+    created(history, "e", group="g0")
+    called(history, "c", PAUSE, OK, 41.0)  # paused on its own: not the bulk pause's
+    first = history.invoke("bulk", BULK_PAUSE, 43.0, None, group="g6")
+    history.complete(first, OK, 44.0, status=200, changed=2, more=True)
+    last = history.invoke("bulk", BULK_PAUSE, 44.2, None, group="g6")
+    history.complete(last, OK, 45.0, status=200, changed=0, more=False)
+    assert needs_views(history) == {"a", "b", "d"}
+    views = {"a": view("PAUSED"), "b": view("DELIVERED"), "c": view("PAUSED"),
+             "d": view("PAUSED"), "e": view("PAUSED")}  # fmt: skip
+    found = changes(settle(history, views))
+    # Taken when its last call answered, never resumed: owed nothing.
+    assert found.bulk_paused == {"a": 45.0, "d": 45.0}
+    assert found.paused == {"a": [(45.0, None)], "c": [(41.0, None)], "d": [(45.0, None)]}
+    assert expected(settle(history, views)) == {"b", "e"}
 
 
 def test_a_resume_settles_resumed_unless_still_paused_or_cancelled() -> None:

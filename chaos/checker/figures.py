@@ -25,10 +25,13 @@ def tally(history: History, topic: Topic) -> Finding:
             "accepted": len(known.accepted),
             "cancelled": len(known.cancelled),
             "bulk_cancelled": len(changes.bulk_cancelled),
-            "paused": len(changes.paused),
+            "bulk_paused": len(changes.bulk_paused),
+            "paused": len(changes.paused) - len(changes.bulk_paused),
             "resumed": len(changes.resumed),
             # (One a bulk cancel took while it was paused is counted there.)
-            "still_paused": len(changes.still_paused() - set(changes.bulk_cancelled)),
+            "still_paused": len(
+                changes.still_paused() - set(changes.bulk_cancelled) - set(changes.bulk_paused)
+            ),
             "rescheduled": len(changes.moved),
             "delivered": len(units),
             "delivered_http": len(by_http),

@@ -41,6 +41,7 @@ VERB_NAMES = {
     ops.PAUSE: "pause",
     ops.RESUME: "resume",
     ops.BULK_CANCEL: "bulk cancel",
+    ops.BULK_PAUSE: "bulk pause",
 }
 
 
@@ -63,7 +64,9 @@ class Changes:
 
     ``bulk_cancelled``: unit -> when the bulk cancel that took it answered;
     ``paused``: unit -> its pauses, each (when the pause answered 200, when
-    its resume was sent, or None: never resumed);
+    its resume was sent, or None: never resumed), a bulk pause's that took
+    it too (answered when the group's last call did: never resumed);
+    ``bulk_paused``: unit -> when the bulk pause that took it answered;
     ``resumed``: unit -> when its resume answered (lateness counts from there);
     ``moved``: unit -> every executeAt it had, in order, each with when the
     ops.PATCH that set it answered (None for the first, as created); the last is
@@ -76,6 +79,7 @@ class Changes:
     resumed: Mapping[str, float] = field(default_factory=dict)
     moved: Mapping[str, Sequence[tuple[float, float | None]]] = field(default_factory=dict)
     unsure: frozenset[str] = frozenset()
+    bulk_paused: Mapping[str, float] = field(default_factory=dict)
 
     def still_paused(self) -> set[str]:
         return {u for u, spans in self.paused.items() if any(end is None for _, end in spans)}
@@ -222,7 +226,13 @@ def changes(history: History) -> Changes:
         unit: call.ended for call in history.calls(ops.BULK_CANCEL) for unit in call.get("took", ())
     }
     paused, resumed = _pauses(history)
-    return Changes(taken, paused, resumed, moved, frozenset(unsure))
+    bulk_paused = {
+        unit: call.ended for call in history.calls(ops.BULK_PAUSE) for unit in call.get("took", ())
+    }
+    for unit, answered in bulk_paused.items():
+        # Never resumed; a unit paused on its own is never one it took (settle).
+        paused.setdefault(unit, []).append((answered, None))
+    return Changes(taken, paused, resumed, moved, frozenset(unsure), bulk_paused)
 
 
 def destinations(history: History) -> Destinations:
@@ -375,21 +385,23 @@ def refusals(history: History) -> Counter[str]:
 
 
 def bulk_calls(history: History) -> list[dict[str, Any]]:
-    """Each bulk cancel: its group, when it began, what its answers said."""
+    """Each bulk verb's calls: the verb, its group, when it began, what its
+    answers said, and how many it changed (a cancel's: cancelled)."""
     calls: dict[str, dict[str, Any]] = {}
-    for call in history.calls(ops.BULK_CANCEL):
+    for call in history.calls(ops.BULK_CANCEL, ops.BULK_PAUSE):
         entry = calls.setdefault(
             call["group"],
             {
+                "verb": call.f,
                 "group": call["group"],
                 "at": round(call.invoke.at - history.started, 2),
-                "cancelled": 0,
+                "changed": 0,
                 "answers": [],
             },
         )
         entry["answers"].append(call.get("status"))
         if call.type == ops.OK:
-            entry["cancelled"] += int(call.get("cancelled") or 0)
+            entry["changed"] += int(call.get("changed", call.get("cancelled")) or 0)
     return list(calls.values())
 
 
