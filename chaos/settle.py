@@ -46,16 +46,14 @@ Views = Mapping[str, Mapping[str, Any]]
 def needs_views(history: History) -> set[str]:
     """The schedules whose views settle something: every unknown call's, and
     the members of each group a bulk verb was sent to, but those a DELETE
-    or a pause of their own took aside."""
+    took aside."""
     unknown = {
         call.schedule
         for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH, ops.RESUME)
         if call.unknown
     }
-    return (
-        unknown
-        | set(_bulk_members(history, ops.BULK_CANCEL))
-        | set(_bulk_members(history, ops.BULK_PAUSE))
+    return unknown | set(_bulk_members(history, ops.BULK_CANCEL)) | set(
+        _bulk_members(history, ops.BULK_PAUSE, settled=False)
     )
 
 
@@ -63,14 +61,15 @@ def needs_views(history: History) -> set[str]:
 _TAKEN_TO = {ops.BULK_CANCEL: "CANCELLED", ops.BULK_PAUSE: "PAUSED"}
 
 
-def _bulk_members(history: History, verb: str) -> dict[str, str]:
+def _bulk_members(history: History, verb: str, *, settled: bool = True) -> dict[str, str]:
     """Schedule -> its label group, for the groups ``verb`` was sent to:
-    those a DELETE took aside, and (a bulk pause's) those paused on their
-    own, which the bulk pause may not have taken."""
+    those a DELETE took aside, and (a bulk pause's, once the history is
+    ``settled``) those paused on their own and not resumed, which may be
+    PAUSED at the end by their own pause, not the bulk one."""
     groups = {call["group"] for call in history.calls(verb)}
     aside = history.took(ops.CANCEL)
-    if verb == ops.BULK_PAUSE:
-        aside |= {call.schedule for call in history.calls(ops.PAUSE)}
+    if verb == ops.BULK_PAUSE and settled:
+        aside |= history.took(ops.PAUSE) - history.took(ops.RESUME)
     return {
         call.schedule: call["group"]
         for call in history.calls(ops.CREATE)

@@ -258,21 +258,26 @@ def test_the_unknown_outcomes_settle_from_the_views() -> None:
 
 def test_a_bulk_pause_took_the_group_s_members_left_paused_but_those_paused_alone() -> None:
     history = History(started=0.0)
-    for schedule_id in ("a", "b", "c", "d"):
+    for schedule_id in ("a", "b", "c", "d", "f"):
         created(history, schedule_id, group="g6")
     created(history, "e", group="g0")
     called(history, "c", PAUSE, OK, 41.0)  # paused on its own: not the bulk pause's
+    called(history, "f", PAUSE, OK, 41.0)
+    called(history, "f", RESUME, OK, 42.0)  # resumed (sent at 41.9): PAUSED later, by it
     first = history.invoke("bulk", BULK_PAUSE, 43.0, None, group="g6")
     history.complete(first, OK, 44.0, status=200, changed=2, more=True)
     last = history.invoke("bulk", BULK_PAUSE, 44.2, None, group="g6")
     history.complete(last, OK, 45.0, status=200, changed=0, more=False)
-    assert needs_views(history) == {"a", "b", "d"}
+    assert needs_views(history) == {"a", "b", "c", "d", "f"}
     views = {"a": view("PAUSED"), "b": view("DELIVERED"), "c": view("PAUSED"),
-             "d": view("PAUSED"), "e": view("PAUSED")}  # fmt: skip
+             "d": view("PAUSED"), "e": view("PAUSED"), "f": view("PAUSED")}  # fmt: skip
     found = changes(settle(history, views))
     # Taken when its last call answered, never resumed: owed nothing.
-    assert found.bulk_paused == {"a": 45.0, "d": 45.0}
-    assert found.paused == {"a": [(45.0, None)], "c": [(41.0, None)], "d": [(45.0, None)]}
+    assert found.bulk_paused == {"a": 45.0, "d": 45.0, "f": 45.0}
+    assert found.paused == {
+        "a": [(45.0, None)], "c": [(41.0, None)], "d": [(45.0, None)],
+        "f": [(41.0, 41.9), (45.0, None)],
+    }  # fmt: skip
     assert expected(settle(history, views)) == {"b", "e"}
 
 

@@ -26,7 +26,10 @@ def tally(history: History, topic: Topic) -> Finding:
             "cancelled": len(known.cancelled),
             "bulk_cancelled": len(changes.bulk_cancelled),
             "bulk_paused": len(changes.bulk_paused),
-            "paused": len(changes.paused) - len(changes.bulk_paused),
+            # Paused on their own (a unit a bulk pause took has one span more).
+            "paused": sum(
+                len(spans) > (u in changes.bulk_paused) for u, spans in changes.paused.items()
+            ),
             "resumed": len(changes.resumed),
             # (One a bulk cancel took while it was paused is counted there.)
             "still_paused": len(

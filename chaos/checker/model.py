@@ -230,7 +230,8 @@ def changes(history: History) -> Changes:
         unit: call.ended for call in history.calls(ops.BULK_PAUSE) for unit in call.get("took", ())
     }
     for unit, answered in bulk_paused.items():
-        # Never resumed; a unit paused on its own is never one it took (settle).
+        # Never resumed; a unit it took may have been paused and resumed on
+        # its own before (settle: one still paused on its own it never took).
         paused.setdefault(unit, []).append((answered, None))
     return Changes(taken, paused, resumed, moved, frozenset(unsure), bulk_paused)
 

@@ -349,12 +349,22 @@ async def held_now(database: AsyncDatabase[dict[str, Any]]) -> int:
     )
 
 
+# Expiry against the server's now, as epoch milliseconds: the embedded
+# SecantusDB (0.7.0b3) answers false for any date-vs-$$NOW comparison in an
+# expression; $toLong keeps the same order on MongoDB 4.0+.
+_NOW_MS = {"$toLong": "$$NOW"}
+
+
+def _expiry_ms(*, missing: int | None = None) -> dict[str, Any]:
+    """A document's ``expiresAt`` in epoch milliseconds (``missing`` where
+    it has none)."""
+    expiry = {"$toLong": "$expiresAt"}
+    return expiry if missing is None else {"$ifNull": [expiry, missing]}
+
+
 def _alive_expr() -> dict[str, Any]:
-    """A holder's session is alive: its expiry ahead of the server's now.
-    Compared as epoch milliseconds: the embedded SecantusDB (0.7.0b3)
-    answers false for any date-vs-$$NOW comparison in an expression;
-    $toLong is the same order on MongoDB 4.0+."""
-    return {"$gt": [{"$toLong": "$expiresAt"}, {"$toLong": "$$NOW"}]}
+    """A holder's session is alive: its expiry ahead of the server's now."""
+    return {"$gt": [_expiry_ms(), _NOW_MS]}
 
 
 def _ended_expr() -> dict[str, Any]:
@@ -364,9 +374,7 @@ def _ended_expr() -> dict[str, Any]:
 def _legacy_expired_expr() -> dict[str, Any]:
     """A format 1 lease (no holder, its own ``expiresAt``) has expired by the
     server's clock; a missing expiry counts as expired."""
-    return {
-        "$lt": [{"$ifNull": [{"$toLong": "$expiresAt"}, 0]}, {"$toLong": "$$NOW"}],
-    }
+    return {"$lt": [_expiry_ms(missing=0), _NOW_MS]}
 
 
 def _aware(lease: dict[str, Any]) -> dict[str, Any]:
