@@ -97,6 +97,22 @@ def test_split_isolate_heal_and_close() -> None:
     assert f"{net.tag}v" not in links and f"{net.tag}br" not in links
 
 
+def test_a_joining_node_never_moves_the_bridge_s_mac() -> None:
+    """Left to the kernel, the bridge takes the lowest MAC of its ports: a
+    node joining with a lower one moved it, and the others' cached ARP
+    entries for the servers' addresses went stale for seconds."""
+    sweep()
+    net = Namespaces()
+    try:
+        for name in ("a", "b", "c", "d", "e", "f"):
+            net.add(name)
+            sysfs = f"/sys/class/net/{net.bridge}/"
+            with open(sysfs + "address") as address, open(sysfs + "addr_assign_type") as kind:
+                assert (address.read().strip(), kind.read().strip()) == (net.bridge_mac, "3")
+    finally:
+        net.close()
+
+
 def test_a_cut_from_the_store_or_the_broker_takes_that_server_only() -> None:
     sweep()
     net = Namespaces()

@@ -90,6 +90,11 @@ class Namespaces:
     def __init__(self) -> None:
         self.tag = f"{PREFIX}{os.getpid()}"
         self.bridge = self.tag + "br"
+        pid = os.getpid()
+        # Locally administered (02:), unique to this run's process.
+        self.bridge_mac = "02:5c:" + ":".join(
+            f"{pid >> shift & 0xFF:02x}" for shift in (24, 16, 8, 0)
+        )
         self.subnet = _free_subnet()
         # The bridge's own (first, primary) address: what the root
         # namespace's packets to the nodes come from (the runner's calls).
@@ -101,6 +106,13 @@ class Namespaces:
         self._index: dict[str, int] = {}
         self._cut_routes: set[tuple[str, str]] = set()  # (node, address cut off)
         _ip("link", "add", self.bridge, "type", "bridge")
+        # Its MAC set once, never the kernel's choice: a bridge left to it
+        # takes the lowest MAC of its ports, so a node joining with a lower
+        # one changed it, and the other nodes' cached ARP entries for the
+        # servers' addresses pointed at a port until probed again: the store
+        # "timed out" for 5 s on three nodes of four at the join of
+        # `everything` (half the runs, by the new port's random MAC).
+        _ip("link", "set", self.bridge, "address", self.bridge_mac)
         for host in (self.server_host, self.store_host, self.broker_host, self.receiver_host):
             _ip("addr", "add", f"{host}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
