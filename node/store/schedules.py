@@ -72,6 +72,11 @@ from node.store.listing import Listing, Page, Selector
 from node.store.statements import WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
 FORMAT_VERSION = 1
+# A bulk verb's conditional writes per round trip: each its own statement,
+# so that one round trip stays well within the store's timeout on a slow
+# server (500 in one took over 5 s on the embedded store while the pollers
+# claimed a burst of the same schedules: the call failed 503).
+BULK_WRITES_PER_TRIP = 100
 CLUSTER_DOC_ID = "cluster"
 # Ids per claim or mark statement. The embedded server matches "$in" by
 # scanning the list for every candidate, so one statement costs the square of
@@ -386,9 +391,10 @@ class ScheduleStore:
             writes, woken = statements.bulk_changes(
                 found, verb, now, self.bucket_count, self.retention
             )
-            if writes:
+            for start in range(0, len(writes), BULK_WRITES_PER_TRIP):
+                chunk = writes[start : start + BULK_WRITES_PER_TRIP]
                 result = await self._durable.bulk_write(
-                    [UpdateOne(condition, update) for condition, update in writes], ordered=False
+                    [UpdateOne(condition, update) for condition, update in chunk], ordered=False
                 )
                 changed += result.modified_count
             for bucket, at in woken.items():
