@@ -52,8 +52,10 @@ def needs_views(history: History) -> set[str]:
         for call in history.calls(ops.CANCEL, ops.PAUSE, ops.PATCH, ops.RESUME)
         if call.unknown
     }
-    return unknown | set(_bulk_members(history, ops.BULK_CANCEL)) | set(
-        _bulk_members(history, ops.BULK_PAUSE, settled=False)
+    return (
+        unknown
+        | set(_bulk_members(history, ops.BULK_CANCEL))
+        | set(_bulk_members(history, ops.BULK_PAUSE, settled=False))
     )
 
 

@@ -24,6 +24,21 @@ ASCENDING = 1
 _PAST_ID_CHARACTERS = "\x7f"
 
 
+def destination_filter(
+    topic: str | None, host: str | None, destination: str | None
+) -> dict[str, Any]:
+    """Where the schedules go: a topic, an http target's host, a kind
+    (``kafka`` or ``http``)."""
+    query: dict[str, Any] = {}
+    if topic is not None:
+        query["topic"] = topic
+    if host is not None:
+        query["http.host"] = host
+    if destination is not None:
+        query["http" if destination == "http" else "topic"] = {"$exists": True}
+    return query
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cursor:
     """Where a page ended: the last id, and its dueAt for due-ordered pages."""
@@ -106,14 +121,7 @@ class Listing:
         return [("_id", ASCENDING)]
 
     def _destination_filter(self) -> dict[str, Any]:
-        query: dict[str, Any] = {}
-        if self.topic is not None:
-            query["topic"] = self.topic
-        if self.host is not None:
-            query["http.host"] = self.host
-        if self.destination is not None:
-            query["http" if self.destination == "http" else "topic"] = {"$exists": True}
-        return query
+        return destination_filter(self.topic, self.host, self.destination)
 
     def filter(self, *, status: str | None = None, paged: bool = True) -> dict[str, Any]:
         """The page's filter; ``status`` replaces the listing's own (counts),
@@ -199,12 +207,7 @@ class Selector:
         if self.id_prefix is not None:
             first = storage_id(tenant, self.id_prefix)
             query["_id"] = {"$gte": first, "$lt": first + _PAST_ID_CHARACTERS}
-        if self.topic is not None:
-            query["topic"] = self.topic
-        if self.host is not None:
-            query["http.host"] = self.host
-        if self.destination is not None:
-            query["http" if self.destination == "http" else "topic"] = {"$exists": True}
+        query.update(destination_filter(self.topic, self.host, self.destination))
         if self.due_before is not None:
             query["dueAt"] = {"$lt": self.due_before}
         wanted = [s for s in statuses if not self.statuses or s in self.statuses]
