@@ -20,6 +20,7 @@ from typing import Any
 
 from bench import (
     bounds_bench,
+    bulk_bench,
     delivery_bench,
     failover_bench,
     fairness_bench,
@@ -71,6 +72,7 @@ SUITES = {
     "indexes": _suite(index_bench),
     "failover": _suite(failover_bench),
     "fairness": _suite(fairness_bench),
+    "bulk": _suite(bulk_bench),
     "bounds": _suite(bounds_bench),
 }
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import delivery_bench, idle_bench
+from bench import bulk_bench, delivery_bench, idle_bench
 from bench.failover_bench import resumption
 from bench.stack import OPERATION_KINDS, Delivery, Servers
 from tests.conftest import EmbeddedServers
@@ -236,3 +236,34 @@ def test_the_idle_suite_sets_each_bucket_count_over_the_first_at_the_same_n() ->
     assert "N=3, B=4096 over B=256: store ops/s 2.00x" in text
     assert "N=1, B=256 quiet over polling: store ops/s 0.05x" in text
     assert " 1   256 polling       200.0" in text
+
+
+def test_the_bulk_suite_judges_each_promise_from_what_the_receiver_and_store_saw() -> None:
+    plan = bulk_bench.Plan(count=10, nodes=2)
+    redriven = {
+        "failed_after_s": 2.0, "refused_calls": 10, "calls_s": 0.5, "all_delivered_s": 1.0,
+        "dry_run": {"matched": 10, "changed": 0, "more": False, "dryRun": True},
+        "answers": [{"status": 200, "matched": 10, "changed": 10, "more": False, "s": 0.5}],
+        "changed": 10, "delivered_twice": 0,
+    }  # fmt: skip
+    raced = {
+        "answers": [{"status": 200, "matched": 6, "changed": 4, "more": True, "s": 0.2},
+                    {"status": 200, "matched": 0, "changed": 0, "more": False, "s": 0.1}],
+        "paused": 4, "calls_after_last_answer": 0, "store_paused": 4, "store_delivered": 6,
+        "resumed": {"matched": 4, "changed": 4, "more": False}, "delivered_twice": 0,
+    }  # fmt: skip
+    assert all(bulk_bench.aims(plan, redriven, raced).values())
+    assert not bulk_bench.aims(plan, {**redriven, "delivered_twice": 1}, raced)[
+        "every failed one redriven and delivered once"
+    ]
+    assert not bulk_bench.aims(plan, redriven, {**raced, "calls_after_last_answer": 1})[
+        "none of the paused group called after the last answer"
+    ]
+    assert not bulk_bench.aims(plan, redriven, {**raced, "store_delivered": 5})[
+        "the store holds each one paused or delivered"
+    ]
+    text = bulk_bench.render(
+        {"plan": plan.__dict__, "redrive": redriven, "pause": raced,
+         "aims": bulk_bench.aims(plan, redriven, raced)}
+    )  # fmt: skip
+    assert "6/4 more, 0/0" in text and "MISSED" not in text
