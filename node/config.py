@@ -320,7 +320,7 @@ SETTINGS: tuple[Setting, ...] = (
         # tenant, counts of a large range) is stopped by the server instead
         # of holding it while the owners wait (node/store/schedules.py). Not
         # shorter: the embedded store reads a tenant of 20,000 in 0.6 s.
-        help="longest a read of many schedules (a listing page, its counts, a bulk cancel's "
+        help="longest a read of many schedules (a listing page, its counts, a bulk verb's "
         "selection) may run in the store before the server stops it (503 read_timeout: "
         "narrow it, or retry)",
     ),
