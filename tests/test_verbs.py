@@ -573,11 +573,15 @@ async def test_another_tenant_s_schedule_is_not_found_by_any_verb(
         for path in (f"/v1/schedules/mine{suffix}?tenant=beta", f"/v1/schedules/mine{suffix}"):
             status, answer = await node.request(method, path, json=body)
             assert (status, answer["error"]["code"]) == (404, "not_found"), (method, path)
-    # Nor does another tenant's bulk cancel or listing reach it.
-    status, answer = await node.request(
-        "POST", "/v1/schedules:cancel", json={"tenant": "beta", "labels": {"g": "1"}}
-    )
-    assert (status, answer["cancelled"]) == (200, 0)
+    # Nor does another tenant's bulk verb (nor its dry run) or listing reach it.
+    for verb in ("cancel", "pause", "resume", "retry"):
+        for dry in (False, True):
+            status, answer = await node.request(
+                "POST",
+                f"/v1/schedules:{verb}",
+                json={"tenant": "beta", "labels": {"g": "1"}, "dryRun": dry},
+            )
+            assert (status, answer["matched"], answer["changed"]) == (200, 0, 0), (verb, dry)
     _, listed = await node.request("GET", "/v1/schedules?tenant=beta&label=g=1")
     assert listed["schedules"] == []
     assert await get(node, "mine", tenant="alpha") == before
