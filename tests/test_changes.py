@@ -159,7 +159,8 @@ def test_a_bulk_verb_writes_what_it_takes_under_the_version_read_and_skips_the_r
         doc("PAUSED", _id="e", bucket=4, deadline=NOW - timedelta(seconds=1), expireAfterMs=1),
     ]
     resume = changes.BULK_VERBS["resume"]
-    writes, due = statements.bulk_changes(found, resume, NOW, 8, timedelta(days=7))
+    due: dict[int, datetime] = {}
+    writes = statements.bulk_changes(found, resume, NOW, 8, timedelta(days=7), due)
     conditions = [condition for condition, _ in writes]
     assert [(c["_id"], c["status"], c["version"]) for c in conditions] == [
         ("a", "PAUSED", 3), ("b", "PAUSED", 3), ("e", "PAUSED", 3)

@@ -369,13 +369,11 @@ class MemorySchedules(Faults):
                 query, order=[("_id", 1)], limit=BULK_BATCH, projection=BULK_FIELDS
             )
             matched += len(found)
-            writes, woken = statements.bulk_changes(
-                found, verb, now, self.bucket_count, self.retention
+            writes = statements.bulk_changes(
+                found, verb, now, self.bucket_count, self.retention, due
             )
             for condition, update in writes:
                 changed += self.documents.update(condition, update)
-            for bucket, at in woken.items():
-                due[bucket] = min(due.get(bucket, at), at)
             if len(found) < BULK_BATCH:
                 break
         statuses = statements.bulk_left(verb, matched >= BULK_LIMIT)

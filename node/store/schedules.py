@@ -388,8 +388,8 @@ class ScheduleStore:
                     **self._hint(selector.index),
                 ).to_list()
             matched += len(found)
-            writes, woken = statements.bulk_changes(
-                found, verb, now, self.bucket_count, self.retention
+            writes = statements.bulk_changes(
+                found, verb, now, self.bucket_count, self.retention, due
             )
             for start in range(0, len(writes), BULK_WRITES_PER_TRIP):
                 chunk = writes[start : start + BULK_WRITES_PER_TRIP]
@@ -397,8 +397,6 @@ class ScheduleStore:
                     [UpdateOne(condition, update) for condition, update in chunk], ordered=False
                 )
                 changed += result.modified_count
-            for bucket, at in woken.items():
-                due[bucket] = min(due.get(bucket, at), at)
             if len(found) < BULK_BATCH:
                 break
         more = await self._more_to(tenant, selector, verb, stopped=matched >= BULK_LIMIT)

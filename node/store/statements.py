@@ -351,13 +351,14 @@ def bulk_changes(
     now: datetime,
     bucket_count: int,
     retention: timedelta,
-) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], dict[int, datetime]]:
+    due: dict[int, datetime],
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """A bulk verb's writes for the matches ``found`` (as read: ``BULK_FIELDS``):
-    (condition, update) for each, under the status and version read, and
-    the earliest due time by bucket of those it makes PENDING. A match the
-    verb refuses as stored (it moved since the read) is left alone."""
+    (condition, update) for each, under the status and version read; ``due``
+    is brought down to the earliest due time, by bucket, of those it makes
+    PENDING (the owners to wake). A match the verb refuses as stored (it
+    moved since the read) is left alone."""
     writes: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    due: dict[int, datetime] = {}
     for doc in found:
         try:
             change = verb.decide(doc, now)
@@ -369,7 +370,7 @@ def bulk_changes(
         if change.due_at is not None:
             bucket = int(doc["bucket"])
             due[bucket] = min(due.get(bucket, change.due_at), change.due_at)
-    return writes, due
+    return writes
 
 
 def bulk_left(verb: BulkVerb, stopped: bool) -> list[str]:
