@@ -111,6 +111,20 @@ class NodeMetrics:
             ["verb"],
             registry=r,
         )
+        self.flow_held_back = Counter(
+            "scheduler_flow_held_back_total",
+            "Due schedules a round chose and flow control held back (their key's rate or "
+            "parallelism spent): not attempts, they stay due. By tenant (registered tenants "
+            "only: bounded)",
+            ["tenant"],
+            registry=r,
+        )
+        self.flow_keys_limited = Gauge(
+            "scheduler_flow_keys_limited",
+            "Flow-control keys this node holds back now (their slice spent, or their slots "
+            "held by other nodes)",
+            registry=r,
+        )
         self.deliveries = Counter(
             "scheduler_deliveries_total",
             "Publish outcomes: delivered, retried, failed, deferred (the broker could not take "

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import enum
 import signal
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,6 +49,7 @@ from node.schedule.times import skew_wall_clock, utcnow
 from node.schedule.webhook import secret_key
 from node.store.boundary import DURABLE
 from node.store.contract import AttemptHistory, BucketLeases, Schedules
+from node.store.flow import FlowStore
 from node.store.history import HistoryStore
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
@@ -209,6 +211,12 @@ class Node:
             if config.history_retention > 0
             else None
         )
+        # Flow control's counts: as durable as the leases (a reservation
+        # lost in a database crash would let a slice's share go out twice).
+        self.flow = FlowStore(
+            database["flow"].with_options(write_concern=DURABLE),
+            f"{config.node_id}/{uuid.uuid4().hex[:8]}",
+        )
         self.poller = configured_poller(
             config,
             self.delivery_store,
@@ -219,6 +227,7 @@ class Node:
             tenant_names=self._tenant_names,
             wall=self.clock.now,
             http=self.http_sink,
+            flow=self.flow,
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(
@@ -492,6 +501,7 @@ class Node:
         if isinstance(self.lease_store, LeaseStore):
             self.lease_store.chunked = self.delivery_store.sliced
         await self.tenants.prepare()
+        await self.flow.prepare()
         if self.history_writer is not None:
             await self.history.prepare()
 

@@ -3,7 +3,7 @@
 one for MongoDB (the embedded SecantusDB), so the same tests run over both
 and the two cannot drift (APScheduler 4's ``raw_datastore`` fixture).
 
-A kit gives the contract's three stores, and the few raw moves a test needs
+A kit gives the contract's four stores, and the few raw moves a test needs
 to set a scene the contract has no call for (a document as an older version
 stored it, a newer owner's write, a lease taken elsewhere).
 """
@@ -15,10 +15,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from node.store.contract import AttemptHistory, BucketLeases, Schedules
+from node.store.contract import AttemptHistory, BucketLeases, FlowGates, Schedules
+from node.store.flow import SLOT_TERM, FlowStore
 from node.store.history import HistoryStore
 from node.store.leases import LeaseStore
-from node.store.memory import Documents, MemoryHistory, MemoryLeases, MemorySchedules
+from node.store.memory import (
+    Documents,
+    MemoryFlow,
+    MemoryHistory,
+    MemoryLeases,
+    MemorySchedules,
+)
 from node.store.schedules import ScheduleStore
 
 
@@ -45,6 +52,10 @@ class StoreKit:
         raise NotImplementedError
 
     def history(self, *, cap: int, retention: timedelta) -> AttemptHistory:
+        raise NotImplementedError
+
+    def flow(self, holder: str, term: float = SLOT_TERM) -> FlowGates:
+        """One node's view of the flow-control counts."""
         raise NotImplementedError
 
     async def seed(self, docs: Sequence[dict[str, Any]]) -> None:
@@ -87,6 +98,7 @@ class MemoryKit(StoreKit):
         self.documents = Documents()
         self._leases = MemoryLeases("", clock)
         self._records: dict[str, dict[str, Any]] = {}
+        self._flow = MemoryFlow("", clock)
 
     def schedules(self, bucket_count: int, *, unfenced: bool = False) -> MemorySchedules:
         return MemorySchedules(
@@ -100,6 +112,9 @@ class MemoryKit(StoreKit):
         history = MemoryHistory(self.clock, cap=cap, retention=retention)
         history.records = self._records
         return history
+
+    def flow(self, holder: str, term: float = SLOT_TERM) -> MemoryFlow:
+        return self._flow.of(holder, term)
 
     async def seed(self, docs: Sequence[dict[str, Any]]) -> None:
         for doc in docs:
@@ -148,6 +163,9 @@ class MongoKit(StoreKit):
 
     def history(self, *, cap: int, retention: timedelta) -> HistoryStore:
         return HistoryStore(self.database.history, retention=retention, cap=cap)
+
+    def flow(self, holder: str, term: float = SLOT_TERM) -> FlowStore:
+        return FlowStore(self.database.flow, holder, term)
 
     async def seed(self, docs: Sequence[dict[str, Any]]) -> None:
         await self.database.schedules.insert_many([dict(d) for d in docs])

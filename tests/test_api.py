@@ -621,3 +621,51 @@ async def test_the_chaos_route_refuses_hostile_bodies(start_node: NodeFactory) -
     assert (status, body) == (200, {"blocked": ["127.0.0.1:1"]})
     status, body = await partition(as_json({"blocked": []}))
     assert (status, body) == (200, {"blocked": []})
+
+
+# -- flow control on a schedule ----------------------------------------------------
+
+
+async def test_flow_control_is_stored_shown_patched_and_cleared(
+    api: NodeHandle, mongo: Any
+) -> None:
+    limit = {"key": "crm", "rate": 20, "period": "PT1S", "parallelism": 3}
+    status, created = await api.request(
+        "POST", "/v1/schedules", json=schedule(id="fc", flowControl=limit)
+    )
+    assert status == 201 and created["flowControl"] == limit
+    stored = await mongo.schedules.find_one({"_id": "fc"})
+    assert stored["flow"] == {"key": "crm", "rate": 20, "periodMs": 1000, "parallelism": 3}
+    headers = {"If-Match": f'"{created["version"]}"'}
+    status, patched = await api.request(
+        "PATCH", "/v1/schedules/fc", json={"flowControl": {"key": "crm", "rate": 5}},
+        headers=headers,
+    )  # fmt: skip
+    assert status == 200 and patched["flowControl"] == {"key": "crm", "rate": 5, "period": "PT1S"}
+    headers = {"If-Match": f'"{patched["version"]}"'}
+    status, cleared = await api.request(
+        "PATCH", "/v1/schedules/fc", json={"flowControl": None}, headers=headers
+    )
+    assert status == 200 and "flowControl" not in cleared
+    assert "flow" not in await mongo.schedules.find_one({"_id": "fc"})
+
+
+@pytest.mark.parametrize(
+    ("limit", "field"),
+    [
+        ({"key": "k" * 10_000, "rate": 1}, "flowControl.key"),
+        ({"key": "k", "rate": 0}, "flowControl.rate"),
+        ({"key": "k", "rate": 10**12}, "flowControl.rate"),
+        ({"key": "k", "rate": 1, "period": "P100Y"}, "flowControl.period"),
+        ({"key": "k", "parallelism": -1}, "flowControl.parallelism"),
+        ({"key": "k\ud800", "rate": 1}, "flowControl"),
+        ("fast", "flowControl"),
+    ],
+)
+async def test_a_hostile_flow_control_is_a_400_and_stores_nothing(
+    api: NodeHandle, mongo: Any, limit: Any, field: str
+) -> None:
+    status, body = await post_raw(api, "/v1/schedules", as_json(schedule(flowControl=limit)))
+    assert_error_shape(status, body, 400)
+    assert body["error"]["field"].startswith(field), body
+    assert await count(mongo) == 0

@@ -64,9 +64,19 @@ def test_each_answer_is_what_a_walk_over_every_schedule_gives(
 
 def test_a_schedule_is_grouped_by_its_host_and_url_and_a_record_by_kafka() -> None:
     assert route(schedule(0, None, 0)) == KAFKA
-    assert route(schedule(0, "https://a.example/x", 0)) == ("a.example", "https://a.example/x")
+    assert route(schedule(0, "https://a.example/x", 0)) == (
+        "a.example",
+        "https://a.example/x",
+        None,
+    )
     # The same host by two URLs: one bound (by host), two circuits (by URL).
-    assert route(schedule(0, "https://a.example/y", 0)) == ("a.example", "https://a.example/y")
+    assert route(schedule(0, "https://a.example/y", 0))[:2] == ("a.example", "https://a.example/y")
+    # A flow key: its own route (a key's limit holds back all of it, and
+    # only it), the tenant's (two tenants' keys of one name are two).
+    keyed = {**schedule(0, "https://a.example/x", 0), "flow": {"key": "crm"}, "tenant": "default"}
+    assert route(keyed) == ("a.example", "https://a.example/x", "default\x00crm")
+    record = {**schedule(0, None, 0), "flow": {"key": "crm", "rate": 1}, "tenant": "acme"}
+    assert route(record) == (None, None, "acme\x00crm")
 
 
 def test_what_holds_work_back_is_asked_once_per_route_whatever_the_backlog() -> None:
@@ -80,7 +90,7 @@ def test_what_holds_work_back_is_asked_once_per_route_whatever_the_backlog() -> 
         return lane(doc) == "a.example"
 
     blocked = held_routes(views, held)
-    assert blocked == {("a.example", "https://a.example/x")}
+    assert blocked == {("a.example", "https://a.example/x", None)}
     assert sorted(asked, key=str) == [None, "a.example", "b.example"]
     assert held_routes(views, None) == frozenset()
     now = T0 + timedelta(seconds=10)

@@ -338,6 +338,34 @@ async def test_rate_limit_answers_429_with_retry_after(
     assert await mongo.schedules.count_documents({"tenant": "bursty"}) == 2
 
 
+async def test_a_tenants_delivery_rate_limits_its_schedules_that_name_no_key(
+    secured: NodeHandle, tenants: TenantStore, mongo: Any
+) -> None:
+    key = await make_tenant(tenants, "paced", delivery_rate=7)
+    status, plain = await secured.request(
+        "POST", "/v1/schedules", json=schedule(id="plain"), headers=bearer(key)
+    )
+    assert status == 201 and plain["flowControl"] == {"key": "*tenant", "rate": 7, "period": "PT1S"}
+    # A repeat is the same request: the default is no part of it.
+    status, again = await secured.request(
+        "POST", "/v1/schedules", json=schedule(id="plain"), headers=bearer(key)
+    )
+    assert status == 200 and again == plain
+    own = {"key": "crm", "parallelism": 2}
+    _, batch = await secured.request(
+        "POST",
+        "/v1/schedules:batch",
+        json={"schedules": [schedule(id="own", flowControl=own), schedule(id="b")]},
+        headers=bearer(key),
+    )
+    assert [r["status"] for r in batch["results"]] == [201, 201]
+    stored = {
+        d["_id"]: d["flow"] for d in await mongo.schedules.find({"tenant": "paced"}).to_list()
+    }
+    assert stored["paced/own"] == {"key": "crm", "parallelism": 2}
+    assert stored["paced/b"] == {"key": "*tenant", "rate": 7, "periodMs": 1000}
+
+
 async def test_pending_quota_refuses_above_the_cap_and_frees_on_cancel(
     secured: NodeHandle, tenants: TenantStore, mongo: Any
 ) -> None:
@@ -418,7 +446,17 @@ def test_cli_prints_the_key_once_and_stores_only_its_digest(
     env = {"MONGO_URI": servers.mongo_uri, "MONGO_DATABASE": database_name}
     argv = [sys.executable, "-m", "node", "tenants"]
     added = subprocess.run(
-        [*argv, "add", "cli-tenant", "--rate", "5", "--topic-prefix", "cli."],
+        [
+            *argv,
+            "add",
+            "cli-tenant",
+            "--rate",
+            "5",
+            "--topic-prefix",
+            "cli.",
+            "--delivery-rate",
+            "12",
+        ],
         env={**env, "PATH": ""},
         capture_output=True,
         text=True,
@@ -431,6 +469,7 @@ def test_cli_prints_the_key_once_and_stores_only_its_digest(
         [*argv, "list"], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert '"name": "cli-tenant"' in listed.stdout and '"rate": 5.0' in listed.stdout
+    assert '"deliveryRate": 12' in listed.stdout
     assert key not in listed.stdout
     again = subprocess.run(
         [*argv, "add", "cli-tenant"], env=env, capture_output=True, text=True, timeout=60

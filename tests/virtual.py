@@ -32,7 +32,7 @@ from node.schedule.record import Record
 from node.schedule.retry import RetryPolicy
 from node.schedule.webhook import HttpCall
 from node.store.contract import DueChange
-from node.store.memory import MemoryLeases, MemorySchedules
+from node.store.memory import MemoryFlow, MemoryLeases, MemorySchedules
 
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LIMITS = Limits(max_payload_bytes=64 * 1024, horizon=timedelta(days=30))
@@ -252,6 +252,7 @@ class Owner:
         http_per_host: int = 16,
         outage_bound: timedelta = timedelta(days=1),
         watch_changes: bool = False,
+        flow: MemoryFlow | None = None,
     ) -> None:
         self.name = name
         self.time = time
@@ -277,6 +278,7 @@ class Owner:
             wall=time.wall,
             monotonic=time.monotonic,
             watch_changes=watch_changes,
+            flow=None if flow is None else flow.of(name),
         )
         self._feed: asyncio.Task[None] | None = None
 

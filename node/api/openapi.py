@@ -316,6 +316,33 @@ SCHEMAS: dict[str, Any] = {
             "maxBackoff": {**_DURATION, "description": "ISO 8601 duration, at most P1D"},
         },
     },
+    "FlowControl": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["key"],
+        "anyOf": [{"required": ["rate"]}, {"required": ["parallelism"]}],
+        "description": "Across the whole cluster, at most rate deliveries of the key start "
+        "per period and at most parallelism are in flight at once (the key is the "
+        "tenant's). Held back is not an attempt: the schedule stays due and goes in a "
+        "later window, earliest first within the key; other keys never wait for it. In "
+        "any window of one period at most rate plus one tenth of it (at most rate + 1 "
+        "below ten a period) start.",
+        "properties": {
+            "key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "pattern": "^[^\\x00-\\x1f\\x7f]+$",
+            },
+            "rate": {"type": "integer", "minimum": 1, "maximum": 100000},
+            "period": {
+                **_DURATION,
+                "default": "PT1S",
+                "description": "ISO 8601 duration from PT0.1S to P1D; only with rate",
+            },
+            "parallelism": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+    },
     "Occurrence": {
         "type": "object",
         "properties": {
@@ -413,13 +440,14 @@ SCHEMAS: dict[str, Any] = {
             },
             "labels": _LABELS,
             "expireAfter": _EXPIRE_AFTER,
+            "flowControl": _ref("FlowControl"),
             "tenant": {**_TENANT_NAME, "default": "default"},
         },
     },
     "SchedulePatch": {
         "type": "object",
         "description": "PATCH: only the fields named change; null clears key, labels, "
-        "retry and expireAfter (no other field takes null). executeAt on a recurring "
+        "retry, expireAfter and flowControl (no other field takes null). executeAt on a recurring "
         "schedule makes it a one-shot at that time, recurrence on a one-shot makes it "
         "recurring; a new executeAt starts it afresh (attempts 0). expireAfter on a "
         "recurring schedule (or with recurrence) is a 400. topic or http switches the "
@@ -449,6 +477,7 @@ SCHEMAS: dict[str, Any] = {
             "labels": {**_LABELS, "type": ["object", "null"]},
             "retry": {"oneOf": [_ref("RetryPolicy"), {"type": "null"}]},
             "expireAfter": {**_EXPIRE_AFTER, "type": ["string", "null"]},
+            "flowControl": {"oneOf": [_ref("FlowControl"), {"type": "null"}]},
         },
     },
     "Selector": {
@@ -549,6 +578,7 @@ SCHEMAS: dict[str, Any] = {
             "payloadBase64": {"type": "string", "description": "likewise"},
             "payloadBytes": {"type": "integer", "description": "the payload's size"},
             "retry": _ref("RetryPolicy"),
+            "flowControl": _ref("FlowControl"),
             "recurrence": _ref("Recurrence"),
             "nextExecuteAt": {
                 "type": ["string", "null"],

@@ -118,6 +118,7 @@ async def create_schedule(request: web.Request) -> web.Response:
     [refused] = await context.admission.check([new])
     if refused is not None:
         raise refused
+    [new] = await context.admission.with_defaults([new])
     doc, created = await context.store.insert(new, now)
     if created:
         _accepted(context, doc)
@@ -193,7 +194,8 @@ async def _admit(
             admitted.append((index, new))
         else:
             results[index] = _refused(index, refused)
-    return admitted
+    ready = await context.admission.with_defaults([new for _, new in admitted])
+    return [(index, new) for (index, _), new in zip(admitted, ready, strict=True)]
 
 
 async def _insert_items(

@@ -10,6 +10,7 @@ from typing import Any
 
 from node.schedule.changes import version_of
 from node.schedule.destination import http_view
+from node.schedule.flow import flow_of
 from node.schedule.model import Status, labels_of, public_id
 from node.schedule.payload import SIZE, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
@@ -74,6 +75,8 @@ def public_view(doc: dict[str, Any], *, with_payload: bool = True) -> dict[str, 
         view["nextAttemptAt"] = format_time(doc.get("dueAt"))
     if doc.get("retry"):
         view["retry"] = RetryPolicy.from_document(doc["retry"]).to_view()
+    if (flow := flow_of(doc)) is not None:
+        view["flowControl"] = flow.to_view()
     if doc.get("recurrence"):
         view.update(_recurrence_view(doc))
     if not with_payload:

@@ -514,6 +514,15 @@ class DueBook:
         pool = [d for view in self._views.values() for d in view.routes().due(now, blocked)]
         return sorted(pool, key=_due)
 
+    def due_flow_keys(self, now: datetime) -> set[str]:
+        """The flow keys (as routes name them) with work due by ``now``."""
+        return {
+            found[2]
+            for view in self._views.values()
+            for found, _doc in view.routes().due_heads(now)
+            if found[2] is not None
+        }
+
     def taken(self, docs: Iterable[Doc]) -> None:
         """These were claimed, or tried: out of the views (what a failed
         claim left is read again when its bucket's view is)."""

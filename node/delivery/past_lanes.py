@@ -249,7 +249,7 @@ def slow_lanes(
     # lane's (a circuit, the broker), and a backlog is thousands of them.
     first: dict[Lane, Doc] = {}
     for routes in views:
-        for (found, _url), doc in routes.due_heads(now):
+        for (found, _url, _key), doc in routes.due_heads(now):
             first.setdefault(found, doc)
     stopped = {found for found, doc in first.items() if stalled is not None and stalled(doc)}
     crowding: set[Lane] = set()

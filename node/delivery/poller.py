@@ -25,7 +25,9 @@ Each round:
    tenants (when a view is full, tenants absent from it are asked for their
    own earliest due work), leaving unclaimed what must wait (a Kafka record
    while the broker is down, a call to a host with HTTP_MAX_PER_HOST calls
-   out); its size opens from a small first claim after an idle round up to
+   out, a flow key whose rate or parallelism is spent: ``flow_gate.py``
+   asks the store for the keys' slots and slices, a round trip for all
+   keys each); its size opens from a small first claim after an idle round up to
    the batch size (``claim_window.py``), so a burst's first records leave
    after a small claim;
 4. claim it in one bulk write (PENDING -> IN_FLIGHT, with the token, only if
@@ -63,6 +65,7 @@ from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
 from node.delivery.due_feed import DueFeed
 from node.delivery.fairness import fair_share, next_window
+from node.delivery.flow_gate import FlowGate, flow_key
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Decided, Rules
@@ -85,9 +88,11 @@ from node.store.contract import (
     Claimed,
     Completion,
     DueChange,
+    FlowGates,
     Outcome,
     Schedules,
 )
+from node.store.flow import SLOT_TERM
 
 log = structlog.get_logger("node.poller")
 
@@ -164,8 +169,14 @@ class BucketPoller:
         dead_letter_url: str = "",
         circuit_open: Callable[[str], bool] | None = None,
         watch_changes: bool = False,
+        flow: FlowGates | None = None,
     ) -> None:
         self.store = store
+        # The cluster-wide counts of flow control, and what this node knows
+        # of its keys (None: schedules' flow control is not enforced; a
+        # node always has it, the twins of some tests have not).
+        self.flow = flow
+        self.gate = FlowGate(SLOT_TERM)
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
         self.feed = DueFeed(store, self) if watch_changes else None
@@ -482,7 +493,7 @@ class BucketPoller:
             # still unread behind a full view.
             takeable = self._takeable(self.book.in_order(pool), kafka)
             self._more_in_hand = len(takeable) > size
-            return takeable[:size]
+            return await self._admit(takeable[:size], now)
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
@@ -501,7 +512,49 @@ class BucketPoller:
                 pool += [d for d in extra if d["_id"] not in seen]
         takeable = self._takeable(pool, kafka)
         self._more_in_hand = len(takeable) > size
-        return fair_share(takeable, size)
+        return await self._admit(fair_share(takeable, size), now)
+
+    async def _admit(self, batch: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+        """The batch but what flow control holds back (``flow_gate.py``):
+        the keys' slots taken and their rate reserved first, a round trip
+        for all keys each; the slots of keys with no due work here given
+        back."""
+        if self.flow is None:
+            return batch
+        monotonic = self.monotonic()
+        self.gate.settle(self._calls_out())
+        asks = self.gate.asks(batch, monotonic)
+        if asks.slots:
+            self.gate.held(asks, await self.flow.hold(asks.slots), monotonic)
+        names, wants = self.gate.rate_wants(asks, now)
+        grants = await self.flow.reserve(wants) if wants else []
+        admitted, refused = self.gate.admit(asks, names, grants, wants, monotonic, now)
+        for tenant, count in refused.items():
+            if count:
+                self.metrics.flow_held_back.labels(tenant).inc(count)
+        await self._release_idle_slots(now, monotonic)
+        self.metrics.flow_keys_limited.set(self.gate.keys_shut(monotonic))
+        if not asks.due:
+            return batch
+        kept = {id(doc) for doc in admitted}
+        return [doc for doc in batch if flow_key(doc) is None or id(doc) in kept]
+
+    async def _release_idle_slots(self, now: datetime, monotonic: float) -> None:
+        assert self.flow is not None
+        idle = self.gate.idle(self.book.due_flow_keys(now), monotonic)
+        if not idle:
+            return
+        try:
+            await self.flow.release(idle)
+        except SchedulerError as exc:
+            # They expire on their own (SLOT_TERM): the key waits that long
+            # at most for another node to take them.
+            log.warning("could not give back flow-control slots", error=str(exc))
+
+    def _calls_out(self) -> set[str]:
+        """The ids of the HTTP calls started and not yet answered."""
+        answered = {claim.id for claim, _result in self._answers}
+        return {sid for sid in self._calls if sid not in answered}
 
     def _idle_for(self, now: datetime, monotonic: float, *, kafka: bool = True) -> float:
         """Nothing to claim: sleep until the book's next due time or next
@@ -516,6 +569,9 @@ class BucketPoller:
         next_read = self.book.next_read(now, held, self._stalls(kafka), monotonic)
         if next_read is not None:
             delay = min(delay, next_read - monotonic)
+        opens = self.gate.next_open(monotonic)
+        if opens is not None:
+            delay = min(delay, opens)
         return max(0.0, delay)
 
     async def _recover(self, tokens: dict[int, int], gained: set[int]) -> None:
@@ -903,10 +959,20 @@ class BucketPoller:
         one test per batch)."""
         busy = self._hosts_busy()
         stalled = self._stalls(kafka)
+        monotonic, now = self.monotonic(), self.wall()
+        by_key: Counter[str] = Counter()
 
         def held(doc: dict[str, Any]) -> bool:
             if stalled(doc):
                 return True
+            if self.flow is not None and (found := flow_key(doc)) is not None:
+                # Shut keys as a route; a batch holds at most a key's room.
+                if self.gate.shut(doc, monotonic):
+                    return True
+                if count:
+                    if by_key[found[0]] >= self.gate.room(doc, now):
+                        return True
+                    by_key[found[0]] += 1
             if not is_http(doc):
                 return False
             host = http_host(doc)
@@ -1163,6 +1229,7 @@ def configured_poller(
     tenant_names: Callable[[], Awaitable[Sequence[str]]],
     wall: Callable[[], datetime] = utcnow,
     http: HttpSink | None = None,
+    flow: FlowGates | None = None,
 ) -> BucketPoller:
     """The poller a node's settings make: the node process's, and the one the
     delivery bench runs on the memory store."""
@@ -1189,6 +1256,7 @@ def configured_poller(
         tenant_names=tenant_names if config.fair_tenants else None,
         wall=wall,
         watch_changes=config.watch_changes,
+        flow=flow,
         # An HTTP call is written by the round after it answers: it holds
         # its claim up to its timeout (at most MAX_TIMEOUT) and a round more.
         stranded_after=longest_round(

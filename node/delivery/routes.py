@@ -8,8 +8,9 @@ thousands of the same schedules, round after round: in the isolation
 bench, 4,400 of a hung host's calls in 256 views, walked a dozen times a
 round, while the calls of another host waited for the rounds. Held back
 or not is the same for every schedule of one *route*: its lane (``lane``:
-the HTTP host, or None for Kafka) and its URL (a host's bound counts by
-host, its circuit by URL). So a view's schedules are grouped by route,
+the HTTP host, or None for Kafka), its URL (a host's bound counts by
+host, its circuit by URL) and its flow key (``node/schedule/flow.py``: a
+key's limit holds back all of its schedules at once). So a view's schedules are grouped by route,
 each group earliest first, once when the view changes (a hung host's
 backlog does not), and each question is asked once per group: a round
 costs the routes in the views and the work it takes, not the backlog held.
@@ -30,13 +31,16 @@ from node.schedule.times import aware
 
 Doc = dict[str, Any]
 Lane = str | None
-Route = tuple[Lane, str | None]  # (lane, URL); (None, None): a Kafka record
-KAFKA: Route = (None, None)
+# (lane, URL, flow key); (None, None, None): a Kafka record of no flow key.
+Route = tuple[Lane, str | None, str | None]
+KAFKA: Route = (None, None, None)
 
 
 def route(doc: Doc) -> Route:
     http = doc.get("http")
-    return (lane(doc), str(http.get("url"))) if http else KAFKA
+    flow = doc.get("flow")
+    key = f"{doc.get('tenant')}\x00{flow['key']}" if flow else None
+    return (lane(doc), str(http.get("url")), key) if http else (None, None, key)
 
 
 def due_at(doc: Doc) -> datetime:
@@ -99,7 +103,7 @@ class Routes:
         return dues is not None and dues[0] <= now and KAFKA not in held
 
     def calls_due(self, now: datetime) -> bool:
-        return any(found != KAFKA and dues[0] <= now for found, dues in self._dues.items())
+        return any(found[1] is not None and dues[0] <= now for found, dues in self._dues.items())
 
     def due_lanes(self, now: datetime) -> frozenset[Lane]:
         return frozenset(found[0] for found, dues in self._dues.items() if dues[0] <= now)
@@ -107,7 +111,7 @@ class Routes:
     def due_calls_by_host(self, now: datetime) -> Counter[Lane]:
         counts: Counter[Lane] = Counter()
         for found, dues in self._dues.items():
-            if found != KAFKA:
+            if found[1] is not None:
                 counts[found[0]] += bisect_right(dues, now)
         return counts
 

@@ -20,6 +20,7 @@ from pymongo import AsyncMongoClient
 
 from node import config as node_config
 from node.errors import StoreUnavailable, TenantError
+from node.schedule.flow import MAX_RATE
 from node.schedule.webhook import new_secret
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant, validate_name
@@ -91,6 +92,13 @@ def _limits(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-rate", action="store_true", help="remove the rate limit")  # fmt: skip
     parser.add_argument(
+        "--delivery-rate",
+        type=_nonnegative_int,
+        default=None,
+        help="deliveries a second of its schedules that name no flowControl key, "
+        "cluster-wide, for schedules created from now on (0 clears it)",
+    )
+    parser.add_argument(
         "--read-budget",
         type=_nonnegative_float,
         default=None,
@@ -147,6 +155,10 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["url_prefixes"] = tuple(p for p in args.url_prefixes if p)
     if args.read_budget is not None:
         changes["read_budget"] = args.read_budget or None
+    if args.delivery_rate is not None:
+        if args.delivery_rate > MAX_RATE:
+            raise SystemExit(f"--delivery-rate must be at most {MAX_RATE:,}")
+        changes["delivery_rate"] = args.delivery_rate or None
     return changes
 
 

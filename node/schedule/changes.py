@@ -152,6 +152,8 @@ def _patch_content(request: Patch, sets: dict[str, Any], unsets: set[str]) -> No
     _set_or_clear(sets, unsets, "retry", named, retry)
     labels = label_pairs(request.labels) if request.labels else None
     _set_or_clear(sets, unsets, "labels", named, labels)
+    flow = None if request.flow_control is None else request.flow_control.to_document()
+    _set_or_clear(sets, unsets, "flow", named, flow, field="flowControl")
 
 
 def _patch_destination(
@@ -257,9 +259,17 @@ BULK_VERBS = {
 
 
 def _set_or_clear(
-    sets: dict[str, Any], unsets: set[str], name: str, named: frozenset[str], value: Any
+    sets: dict[str, Any],
+    unsets: set[str],
+    name: str,
+    named: frozenset[str],
+    value: Any,
+    *,
+    field: str | None = None,
 ) -> None:
-    if name not in named:
+    """Set or clear the stored ``name`` when the request names ``field``
+    (the same name unless the API's differs)."""
+    if (field or name) not in named:
         return
     if value is None:
         unsets.add(name)

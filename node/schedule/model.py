@@ -19,6 +19,7 @@ from typing import Any
 
 from node.schedule.destination import HttpTarget
 from node.schedule.egress import EgressPolicy
+from node.schedule.flow import FlowControl
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
 
@@ -108,6 +109,11 @@ class NewSchedule:
     # A one-shot not published by execute_at + expire_after is EXPIRED instead.
     expire_after: timedelta | None = None
     http: HttpTarget | None = None
+    flow_control: FlowControl | None = None
+    # The tenant's default delivery rate, where the request names no flow
+    # control: stored as its limit, but no part of the request (a repeat
+    # after the default changed is still the same request).
+    tenant_flow: FlowControl | None = None
 
     @property
     def destination(self) -> str:
@@ -132,6 +138,8 @@ class NewSchedule:
             parts.append(None if self.expire_after is None else self.expire_after.total_seconds())
         if self.http is not None:  # appended, likewise
             parts.append(self.http.fingerprint())
+        if self.flow_control is not None:  # appended, likewise
+            parts.append(self.flow_control.to_document())
         canonical = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

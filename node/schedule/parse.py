@@ -18,6 +18,7 @@ from typing import Any
 
 from node.errors import PayloadTooLarge, ValidationFailed
 from node.schedule.destination import HttpTarget, parse_http
+from node.schedule.flow import FlowControl, parse_flow_control
 from node.schedule.model import (
     DEFAULT_TENANT,
     MAX_HEADER_BYTES,
@@ -53,13 +54,14 @@ _ALLOWED_FIELDS = frozenset(
         "retry",
         "labels",
         "expireAfter",
+        "flowControl",
     }
 )
 # What PATCH may change: all but the schedule's identity (its destination
 # may switch between a topic and an http target).
 PATCHABLE_FIELDS = _ALLOWED_FIELDS - {"id", "tenant"}
 # Of those, the ones null clears.
-CLEARABLE_FIELDS = frozenset({"key", "retry", "labels", "expireAfter"})
+CLEARABLE_FIELDS = frozenset({"key", "retry", "labels", "expireAfter", "flowControl"})
 # The longest expireAfter: as far as the horizon lets a schedule be anyway.
 MAX_EXPIRE_AFTER = timedelta(days=3650)
 
@@ -246,6 +248,7 @@ def parse_schedule_object(
         execute_at, when_field = parse_time(data["executeAt"], "executeAt"), "executeAt"
     _within_horizon(execute_at, now, limits, when_field)
     retry = parse_retry(data["retry"], limits.retry) if "retry" in data else None
+    flow = parse_flow_control(data["flowControl"]) if "flowControl" in data else None
 
     payload, payload_format = _parse_payload(data, limits)
     key = _parse_key(data.get("key"))
@@ -274,6 +277,7 @@ def parse_schedule_object(
         labels=labels,
         expire_after=expire_after,
         http=http,
+        flow_control=flow,
     )
 
 
@@ -368,6 +372,7 @@ class Patch:
     retry: RetryPolicy | None = None
     labels: dict[str, str] | None = None
     expire_after: timedelta | None = None
+    flow_control: FlowControl | None = None
     # A new destination: one of them (naming it switches from the other).
     topic: str | None = None
     http: HttpTarget | None = None
@@ -435,6 +440,8 @@ def _parse_patch_content(data: dict[str, Any], limits: Limits) -> dict[str, Any]
         fields["labels"] = parse_labels(data["labels"])
     if data.get("expireAfter") is not None:
         fields["expire_after"] = parse_expire_after(data["expireAfter"])
+    if data.get("flowControl") is not None:
+        fields["flow_control"] = parse_flow_control(data["flowControl"])
     if "topic" in data:
         fields["topic"] = validate_topic(data["topic"])
     if "http" in data:

@@ -1,14 +1,15 @@
 """The store's contract: what the rest of the node may ask of it, method
 by method, and the types it speaks (after APScheduler 4's ``abc.DataStore``).
 
-``node/delivery/`` and ``node/api/`` see the store only through the three
+``node/delivery/`` and ``node/api/`` see the store only through the
 Protocols here: ``Schedules`` (the ``schedules`` collection), ``BucketLeases``
-(one lease document per bucket) and ``AttemptHistory`` (one record per
-delivery attempt). Two stores implement them and the same tests run over
-both (the ``store`` fixture of ``tests/conftest.py``):
+(one lease document per bucket), ``AttemptHistory`` (one record per
+delivery attempt) and ``FlowGates`` (the counts behind flow control).
+Two stores implement them and the same tests run over both (the
+``store`` fixture of ``tests/conftest.py``):
 
 * MongoDB (``schedules.ScheduleStore``, ``leases.LeaseStore``,
-  ``history.HistoryStore``), what a node runs on;
+  ``history.HistoryStore``, ``flow.FlowStore``), what a node runs on;
 * memory (``memory.py``), the twin with an injected clock that virtual-time
   tests of the poller and ownership run on, with no IO and no sleeping.
 
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 from node.errors import ScheduleConflict
 from node.schedule.changes import BulkVerb, Change
+from node.schedule.flow import Slice
 from node.schedule.model import NewSchedule, Status, public_id
 from node.schedule.times import aware
 from node.store.listing import Listing, Page, Selector
@@ -513,6 +515,47 @@ class AttemptHistory(Protocol):
     ) -> list[dict[str, Any]]:
         """A schedule's records, newest run first, at most ``limit``; those at
         or after ``since`` alone (the current life of the id)."""
+
+
+@dataclass(frozen=True)
+class RateWant:
+    """Reserve ``count`` deliveries' starts in a tenant's key's rate slice."""
+
+    tenant: str
+    key: str
+    slice: Slice
+    count: int
+
+
+@dataclass(frozen=True)
+class SlotWant:
+    """Hold what can be held of a tenant's key's parallelism slots."""
+
+    tenant: str
+    key: str
+    slots: tuple[str, ...]
+
+
+class FlowGates(Protocol):
+    """The cluster-wide counts behind flow control (``flow.FlowStore``):
+    rate slices reserved by every owner at once, and parallelism slots each
+    held by one node at a time, until it gives them back or they expire by
+    the store's clock. Each call is one round trip however many keys."""
+
+    async def prepare(self) -> None:
+        """Make what the expiry needs; idempotent."""
+
+    async def reserve(self, wants: Sequence[RateWant]) -> list[int]:
+        """Reserve each want's count in its slice; returns how many each
+        was granted (0 to its count; never more than the slice's capacity
+        across every caller)."""
+
+    async def hold(self, wants: Sequence[SlotWant]) -> set[str]:
+        """Take the slots that are free, expired or this node's own
+        (renewed); returns the ids held now."""
+
+    async def release(self, slots: Sequence[str]) -> None:
+        """Give back these slots, where this node still holds them."""
 
 
 def kept_changing(schedule_id: str) -> ScheduleConflict:

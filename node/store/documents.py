@@ -36,6 +36,9 @@ def schedule_document(new: NewSchedule, bucket_count: int, now: datetime) -> dic
         # topic never meets it, and by_tenant_host holds only these).
         del doc["topic"]
         doc["http"] = new.http.to_document()
+    flow = new.flow_control or new.tenant_flow
+    if flow is not None:
+        doc["flow"] = flow.to_document()
     if new.expire_after is not None:
         doc.update(expiry_fields(new.execute_at, new.expire_after))
     if new.recurrence is not None:

@@ -60,11 +60,15 @@ from node.store.contract import (
     Claimed,
     Completion,
     DueChange,
+    FlowGates,
+    RateWant,
     Schedules,
+    SlotWant,
     kept_changing,
 )
 from node.store.documents import schedule_document
 from node.store.emulation import Document, apply, matches, project, sort, stored
+from node.store.flow import SLOT_TERM, granted
 from node.store.listing import Listing, Page, Selector
 from node.store.statements import WITHOUT_LARGE_PAYLOAD, WITHOUT_PAYLOADS, ids_and_buckets
 
@@ -698,8 +702,62 @@ class MemoryHistory(Faults):
         return [stored(r) for r in sort(found, [("run", -1)])[:limit]]
 
 
+class MemoryFlow(Faults):
+    """``contract.FlowGates`` in memory: ``slices`` and ``slots`` shared by
+    every node's view (``of``) as one collection holds them."""
+
+    def __init__(
+        self,
+        holder: str,
+        clock: Clock,
+        slices: dict[str, int] | None = None,
+        slots: dict[str, tuple[str, datetime]] | None = None,
+        term: float = SLOT_TERM,
+    ) -> None:
+        super().__init__()
+        self.holder = holder
+        self.term = term
+        self.clock = clock
+        self.slices: dict[str, int] = {} if slices is None else slices
+        self.slots: dict[str, tuple[str, datetime]] = {} if slots is None else slots
+
+    def of(self, holder: str, term: float = SLOT_TERM) -> MemoryFlow:
+        """Another node's view of the same counts."""
+        return MemoryFlow(holder, self.clock, self.slices, self.slots, term)
+
+    @_store_call
+    async def prepare(self) -> None:
+        return None
+
+    @_store_call
+    async def reserve(self, wants: Sequence[RateWant]) -> list[int]:
+        grants = []
+        for want in wants:
+            after = self.slices.get(want.slice.id, 0) + want.count
+            self.slices[want.slice.id] = after
+            grants.append(granted(want.slice.capacity, after, want.count))
+        return grants
+
+    @_store_call
+    async def hold(self, wants: Sequence[SlotWant]) -> set[str]:
+        now = self.clock()
+        held: set[str] = set()
+        for slot in (slot for want in wants for slot in want.slots):
+            holder, until = self.slots.get(slot, (self.holder, now))
+            if holder == self.holder or until < now or slot not in self.slots:
+                self.slots[slot] = (self.holder, now + timedelta(seconds=self.term))
+                held.add(slot)
+        return held
+
+    @_store_call
+    async def release(self, slots: Sequence[str]) -> None:
+        for slot in slots:
+            if slot in self.slots and self.slots[slot][0] == self.holder:
+                del self.slots[slot]
+
+
 def _implements_the_contract(
-    schedules: MemorySchedules, leases: MemoryLeases, history: MemoryHistory
-) -> tuple[Schedules, BucketLeases, AttemptHistory]:
+    schedules: MemorySchedules, leases: MemoryLeases, history: MemoryHistory, flow: MemoryFlow
+) -> tuple[Schedules, BucketLeases, AttemptHistory, FlowGates]:
     """Never called: mypy checks here that the twins fit the Protocols."""
-    return schedules, leases, history
+    return schedules, leases, history, flow

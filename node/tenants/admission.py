@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from node.errors import QuotaExceeded, RateLimited, SchedulerError, TopicNotAllowed, UnknownTopic
+from node.schedule.flow import TENANT_FLOW_KEY, FlowControl
 from node.schedule.model import NewSchedule
 from node.tenants.directory import TenantDirectory
 from node.tenants.model import Tenant
@@ -122,6 +124,19 @@ class Admission:
                 if topic is not None:
                     answers[index] = await self._topic_refusal(topic, now, asked)
         return answers
+
+    async def with_defaults(self, schedules: Sequence[NewSchedule]) -> list[NewSchedule]:
+        """The schedules with their tenants' default delivery rate where
+        they name no flow control of their own (``Tenant.delivery_rate``)."""
+        out = []
+        for new in schedules:
+            if new.flow_control is None:
+                tenant = await self.directory.policy(new.tenant)
+                if tenant.delivery_rate:
+                    limit = FlowControl(TENANT_FLOW_KEY, rate=tenant.delivery_rate)
+                    new = replace(new, tenant_flow=limit)
+            out.append(new)
+        return out
 
     async def new_destination(
         self, tenant_name: str, topic: str | None, url: str | None

@@ -43,6 +43,9 @@ class Tenant:
     # Seconds of store time a second its API calls may take, cluster-wide
     # (node/tenants/reads.py); None: the node's READ_BUDGET.
     read_budget: float | None = None
+    # Deliveries a second of its schedules that name no flow key, cluster-
+    # wide (``node/schedule/flow.py``, the key TENANT_FLOW_KEY); None: none.
+    delivery_rate: int | None = None
 
     def allows_topic(self, topic: str) -> bool:
         return not self.topic_prefixes or topic.startswith(self.topic_prefixes)
@@ -68,6 +71,7 @@ class Tenant:
             "urlPrefixes": list(self.url_prefixes),
             "signingSecrets": list(self.signing_secrets),
             "readBudget": self.read_budget,
+            "deliveryRate": self.delivery_rate,
         }
 
     def to_document(self, now: datetime) -> dict[str, Any]:
@@ -85,6 +89,7 @@ class Tenant:
             url_prefixes=tuple(doc.get("urlPrefixes") or ()),
             signing_secrets=tuple(doc.get("signingSecrets") or ()),
             read_budget=doc.get("readBudget"),
+            delivery_rate=doc.get("deliveryRate"),
         )
 
     def to_view(self) -> dict[str, Any]:
@@ -99,6 +104,7 @@ class Tenant:
             # Never the secrets themselves: a listing is not where they are read.
             "signingSecrets": len(self.signing_secrets),
             "readBudget": self.read_budget,
+            "deliveryRate": self.delivery_rate,
         }
 
 
