@@ -153,6 +153,12 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["topic_prefixes"] = tuple(p for p in args.topic_prefixes if p)
     if args.url_prefixes is not None:
         changes["url_prefixes"] = tuple(p for p in args.url_prefixes if p)
+    return {**changes, **_budgets(args)}
+
+
+def _budgets(args: argparse.Namespace) -> dict[str, Any]:
+    """What the tenant's calls and deliveries may cost (0 clears each)."""
+    changes: dict[str, Any] = {}
     if args.read_budget is not None:
         changes["read_budget"] = args.read_budget or None
     if args.delivery_rate is not None:
