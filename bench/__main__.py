@@ -24,10 +24,12 @@ from bench import (
     delivery_bench,
     failover_bench,
     fairness_bench,
+    flow_bench,
     idle_bench,
     index_bench,
     ingest_bench,
     membership_bench,
+    priority_bench,
     retention_bench,
     ring_bench,
     scale_bench,
@@ -73,6 +75,8 @@ SUITES = {
     "failover": _suite(failover_bench),
     "fairness": _suite(fairness_bench),
     "bulk": _suite(bulk_bench),
+    "flow": _suite(flow_bench),
+    "priority": _suite(priority_bench),
     "bounds": _suite(bounds_bench),
 }
 

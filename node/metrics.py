@@ -111,6 +111,12 @@ class NodeMetrics:
             ["verb"],
             registry=r,
         )
+        self.delivered_priority = Counter(
+            "scheduler_delivered_by_priority_total",
+            "Deliveries by the schedule's priority (0-9, 9 first; 5 unless it says)",
+            ["priority"],
+            registry=r,
+        )
         self.flow_held_back = Counter(
             "scheduler_flow_held_back_total",
             "Due schedules a round chose and flow control held back (their key's rate or "

@@ -501,6 +501,7 @@ class Node:
         if isinstance(self.lease_store, LeaseStore):
             self.lease_store.chunked = self.delivery_store.sliced
         await self.tenants.prepare()
+        self.flow.embedded = self.delivery_store.sliced
         await self.flow.prepare()
         if self.history_writer is not None:
             await self.history.prepare()

@@ -165,7 +165,11 @@ class MongoKit(StoreKit):
         return HistoryStore(self.database.history, retention=retention, cap=cap)
 
     def flow(self, holder: str, term: float = SLOT_TERM) -> FlowStore:
-        return FlowStore(self.database.flow, holder, term)
+        # The embedded server's shape, as a node sets it on finding it (the
+        # upsert shape of a real MongoDB: tests/test_flow_control.py).
+        store = FlowStore(self.database.flow, holder, term)
+        store.embedded = True
+        return store
 
     async def seed(self, docs: Sequence[dict[str, Any]]) -> None:
         await self.database.schedules.insert_many([dict(d) for d in docs])

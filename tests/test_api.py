@@ -669,3 +669,23 @@ async def test_a_hostile_flow_control_is_a_400_and_stores_nothing(
     assert_error_shape(status, body, 400)
     assert body["error"]["field"].startswith(field), body
     assert await count(mongo) == 0
+
+
+async def test_priority_is_shown_patched_and_refused_out_of_range(
+    api: NodeHandle, mongo: Any
+) -> None:
+    status, plain = await api.request("POST", "/v1/schedules", json=schedule(id="p5"))
+    assert status == 201 and plain["priority"] == 5
+    assert "priority" not in await mongo.schedules.find_one({"_id": "p5"})
+    status, urgent = await api.request("POST", "/v1/schedules", json=schedule(id="p9", priority=9))
+    assert status == 201 and urgent["priority"] == 9
+    headers = {"If-Match": f'"{urgent["version"]}"'}
+    status, lowered = await api.request(
+        "PATCH", "/v1/schedules/p9", json={"priority": 5}, headers=headers
+    )
+    assert status == 200 and lowered["priority"] == 5
+    assert "priority" not in await mongo.schedules.find_one({"_id": "p9"})
+    for bad in (10, -1, 5.5, True, "9", None):
+        status, body = await api.request("POST", "/v1/schedules", json=schedule(priority=bad))
+        assert_error_shape(status, body, 400, "priority")
+    assert await count(mongo) == 2

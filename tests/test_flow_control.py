@@ -24,6 +24,7 @@ from node.schedule.flow import (
     slot_ids,
 )
 from node.store.contract import RateWant, SlotWant
+from node.store.flow import FlowStore
 from node.store.memory import MemoryFlow, MemoryLeases, MemorySchedules
 from tests.stores import StoreKit
 from tests.virtual import Owner, VirtualTime, header, schedule
@@ -140,6 +141,16 @@ async def test_one_call_reserves_for_every_key_and_grants_a_part(store: StoreKit
     b = rate_slice("t", FlowControl("b", 10), NOW)  # 1 a slice
     assert await node.reserve([RateWant("t", "a", a, 3), RateWant("t", "b", b, 3)]) == [3, 1]
     assert await node.reserve([RateWant("t", "a", a, 3)]) == [2]
+
+
+async def test_the_one_statement_shape_of_a_real_mongodb_grants_the_same(mongo: Any) -> None:
+    """A real MongoDB reserves with one upsert (the embedded server makes
+    the slice first: its racing upserts lose answers). One at a time, the
+    embedded server answers it as MongoDB does."""
+    node = FlowStore(mongo.flow, "n")
+    part = rate_slice("t", FlowControl("k", 30), NOW)  # 3 a slice
+    grants = [await node.reserve([RateWant("t", "k", part, 2)]) for _ in range(3)]
+    assert grants == [[2], [1], [0]]
 
 
 async def test_a_slot_is_held_by_one_node_until_given_back(store: StoreKit) -> None:

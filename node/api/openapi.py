@@ -86,6 +86,14 @@ _DURATION = {
     "(?:T(?:[0-9]{1,9}H)?(?:[0-9]{1,9}M)?(?:[0-9]{1,9}(?:[.][0-9]{1,3})?S)?)?)$",
 }
 _NO_NUL = "^[^\\x00]*$"
+_PRIORITY = {
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 9,
+    "default": 5,
+    "description": "9 first: when a node has more due work than a round takes, the "
+    "higher priority goes first (within each tenant's turn), equal ones oldest first",
+}
 _TOPIC = {"type": "string", "pattern": TOPIC_PATTERN.pattern, "not": {"enum": [".", ".."]}}
 _STORE_DOWN = {"503": _error("The store did not answer; nothing was changed. Retry.")}
 # The routes that scan a tenant's schedules are charged to its read budget.
@@ -441,6 +449,7 @@ SCHEMAS: dict[str, Any] = {
             "labels": _LABELS,
             "expireAfter": _EXPIRE_AFTER,
             "flowControl": _ref("FlowControl"),
+            "priority": _PRIORITY,
             "tenant": {**_TENANT_NAME, "default": "default"},
         },
     },
@@ -478,6 +487,7 @@ SCHEMAS: dict[str, Any] = {
             "retry": {"oneOf": [_ref("RetryPolicy"), {"type": "null"}]},
             "expireAfter": {**_EXPIRE_AFTER, "type": ["string", "null"]},
             "flowControl": {"oneOf": [_ref("FlowControl"), {"type": "null"}]},
+            "priority": _PRIORITY,
         },
     },
     "Selector": {
@@ -579,6 +589,7 @@ SCHEMAS: dict[str, Any] = {
             "payloadBytes": {"type": "integer", "description": "the payload's size"},
             "retry": _ref("RetryPolicy"),
             "flowControl": _ref("FlowControl"),
+            "priority": _PRIORITY,
             "recurrence": _ref("Recurrence"),
             "nextExecuteAt": {
                 "type": ["string", "null"],

@@ -11,7 +11,7 @@ from typing import Any
 from node.schedule.changes import version_of
 from node.schedule.destination import http_view
 from node.schedule.flow import flow_of
-from node.schedule.model import Status, labels_of, public_id
+from node.schedule.model import Status, labels_of, priority_of, public_id
 from node.schedule.payload import SIZE, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy
@@ -63,6 +63,7 @@ def public_view(doc: dict[str, Any], *, with_payload: bool = True) -> dict[str, 
         "headers": doc.get("headers") or {},
         "createdAt": format_time(doc.get("createdAt")),
         "labels": labels_of(doc.get("labels")),
+        "priority": priority_of(doc),
         "version": version_of(doc),
     }
     if doc.get("expireAfterMs") is not None:

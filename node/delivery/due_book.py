@@ -57,6 +57,7 @@ from node.delivery.past_lanes import PastLanes, PastRead, slow_lanes
 from node.delivery.routes import Lane, Route, Routes, held_routes
 from node.delivery.routes import due_at as _due
 from node.schedule.destination import lane
+from node.schedule.model import DEFAULT_PRIORITY, priority_of
 
 Doc = dict[str, Any]
 
@@ -496,14 +497,34 @@ class DueBook:
         # them only where it does not pass a schedule left unread.
         if covered and (not view.full or (view.docs and _due(doc) <= _due(view.docs[-1]))):
             view.docs = sorted([*view.docs, doc], key=_due)
-        elif view.full and self.past.covers(doc):
+        elif view.full and (self.past.covers(doc) or priority_of(doc) > DEFAULT_PRIORITY):
             # Behind a slow lane's backlog, where the last read past it would
             # have found it: with what that read found, no read needed. (Due
             # after its bound, the next read finds it in time: each reads
             # ahead as far as the next; of a lane skipped, it waits with
-            # that lane's backlog.)
+            # that lane's backlog.) Above the default priority, it waits
+            # behind no backlog: in hand at once, a round takes it first.
             view.behind = sorted([*view.behind, doc], key=_due)
         return True
+
+    def hides(self, bucket: int, due_at: datetime | None) -> bool:
+        """Whether ``bucket``'s view is full and a schedule due at ``due_at``
+        falls past it (a read would not bring it before the work ahead of
+        it is taken)."""
+        view = self._views.get(bucket)
+        return (
+            view is not None
+            and view.full
+            and bool(view.docs)
+            and (due_at is None or due_at > _due(view.docs[-1]))
+        )
+
+    def urgent(self, doc: Doc) -> None:
+        """A schedule above the default priority that its full view hides,
+        read by id: in hand at once, ahead of the backlog."""
+        view = self._views.get(int(doc["bucket"]))
+        if view is not None and doc["_id"] not in view.ids():
+            view.behind = sorted([*view.behind, doc], key=_due)
 
     # -- the round ------------------------------------------------------------------
 
@@ -579,6 +600,8 @@ class DueBook:
         found = {d["_id"] for view in self._views.values() for d in view.behind}
 
         def known(doc: Doc) -> bool:
+            if priority_of(doc) > DEFAULT_PRIORITY:
+                return True  # urgent: it passes what is unread (``urgent``)
             due = _due(doc)
             if front is not None and due > front:
                 return False

@@ -21,15 +21,16 @@ from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
 
+from node.schedule.model import priority_of
 from node.schedule.times import aware
 
 
 def fair_order(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``docs`` in the order a fair round takes them: one from each tenant in
-    turn (tenants in the order of their oldest due schedule, each tenant's
-    oldest first)."""
+    turn (tenants in the order of their first schedule), each tenant's
+    highest priority first, then oldest first."""
     by_tenant: dict[str, list[dict[str, Any]]] = {}
-    for doc in sorted(docs, key=by_due):
+    for doc in sorted(docs, key=by_turn):
         by_tenant.setdefault(str(doc.get("tenant")), []).append(doc)
     turns = chain.from_iterable(zip_longest(*by_tenant.values()))
     return [doc for doc in turns if doc is not None]
@@ -45,6 +46,11 @@ def fair_share(docs: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any
 
 def by_due(doc: dict[str, Any]) -> datetime:
     return aware(doc["dueAt"])
+
+
+def by_turn(doc: dict[str, Any]) -> tuple[int, datetime]:
+    """Which goes first within a tenant: the higher priority, then the older."""
+    return -priority_of(doc), aware(doc["dueAt"])
 
 
 def next_window(

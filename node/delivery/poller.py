@@ -77,7 +77,7 @@ from node.delivery.sinks.router import Router, dead_letter_item
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from node.schedule.destination import MAX_TIMEOUT, http_host, is_http
-from node.schedule.model import Status
+from node.schedule.model import DEFAULT_PRIORITY, Status, priority_of
 from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
@@ -238,6 +238,9 @@ class BucketPoller:
         # (monotonic), and then only after a probe answers.
         self._broker_retry_at: float | None = None
         self._broker_backoff = 0.0
+        # Schedules above the default priority a full view hides, told by
+        # the change feed: read by id next round (``_read_urgent``).
+        self._urgent: set[str] = set()
         # The read past the slow lanes, while one is out (``_start_past_read``).
         self._past_task: asyncio.Task[None] | None = None
 
@@ -272,6 +275,12 @@ class BucketPoller:
             change.bucket, change.schedule_id, change.due_at, inserted=change.inserted
         ):
             self.hint(change.bucket, change.due_at)
+            if (change.priority or DEFAULT_PRIORITY) > DEFAULT_PRIORITY and self.book.hides(
+                change.bucket, change.due_at
+            ):
+                # Past a full view it would wait for the backlog ahead of
+                # it: read it by id next round, to go first.
+                self._urgent.add(change.schedule_id)
 
     def accepted(self, doc: dict[str, Any]) -> None:
         """This node stored ``doc`` in a held bucket: into the book, and wake
@@ -399,6 +408,8 @@ class BucketPoller:
         started = time.perf_counter()
         waiting = self._holds_back(broker_up, count=False)
         await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
+        if self._urgent:
+            await self._read_urgent()
         self._start_past_read(now, monotonic, self._stalls(broker_up))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
@@ -435,6 +446,27 @@ class BucketPoller:
             self.book.learned(read, docs, self.monotonic(), next_at, peeked=peeked)
 
         await asyncio.gather(*(one(read) for read in reads))
+
+    async def _read_urgent(self) -> None:
+        """Read by id what the change feed told of above the default priority
+        that a full view hides: it joins the work in hand, and a round takes
+        the higher priority first. One targeted read each (a few: priority
+        is for the urgent minority of the work)."""
+        ids, self._urgent = sorted(self._urgent), set()
+        gate = asyncio.Semaphore(CONCURRENT_READS)
+
+        async def one(schedule_id: str) -> dict[str, Any] | None:
+            async with gate:
+                return await self.store.get(schedule_id)
+
+        try:
+            found = await asyncio.gather(*(one(schedule_id) for schedule_id in ids))
+        except Exception:
+            self._urgent.update(ids)
+            raise
+        for doc in found:
+            if doc is not None and doc.get("status") == Status.PENDING.value:
+                self.book.urgent(doc)
 
     def _start_past_read(
         self, now: datetime, monotonic: float, stalled: Callable[[dict[str, Any]], bool]
@@ -493,6 +525,8 @@ class BucketPoller:
             # still unread behind a full view.
             takeable = self._takeable(self.book.in_order(pool), kafka)
             self._more_in_hand = len(takeable) > size
+            # The higher priority first; equal ones as they were, oldest first.
+            takeable.sort(key=lambda doc: -priority_of(doc))
             return await self._admit(takeable[:size], now)
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
@@ -860,6 +894,8 @@ class BucketPoller:
             # from there, and the store is spared a write for nearly every record.
             done_at = decided.done[0].at
             self._record([c for c in delivered if c.recurring], done_at, Outcome.DELIVERED)
+            for level, count in Counter(priority_of(c.doc) for c in delivered).items():
+                self.metrics.delivered_priority.labels(str(level)).inc(count)
             for c in delivered:
                 lateness = max((done_at - c.execute_at).total_seconds(), 0.0)
                 self.metrics.lateness.observe(lateness)

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from node.errors import InvalidState, ScheduleInFlight, ValidationFailed
-from node.schedule.model import CHANGEABLE, Status, label_pairs, public_id
+from node.schedule.model import CHANGEABLE, DEFAULT_PRIORITY, Status, label_pairs, public_id
 from node.schedule.parse import Patch, headers_on_http
 from node.schedule.payload import payload_fields
 from node.schedule.times import aware
@@ -152,6 +152,11 @@ def _patch_content(request: Patch, sets: dict[str, Any], unsets: set[str]) -> No
     _set_or_clear(sets, unsets, "retry", named, retry)
     labels = label_pairs(request.labels) if request.labels else None
     _set_or_clear(sets, unsets, "labels", named, labels)
+    if request.priority is not None:
+        if request.priority == DEFAULT_PRIORITY:
+            unsets.add("priority")
+        else:
+            sets["priority"] = request.priority
     flow = None if request.flow_control is None else request.flow_control.to_document()
     _set_or_clear(sets, unsets, "flow", named, flow, field="flowControl")
 

@@ -64,6 +64,12 @@ _TENANT_SEPARATOR = "/"
 # full record of every attempt is its history (node/store/history.py).
 RECENT_OCCURRENCES = 10
 MAX_KEY_BYTES = 1024
+# Priority: ten levels, 9 first, 5 unless a schedule says (and then not
+# stored: a schedule stored before priorities existed is a 5 too). Ten and
+# not three names: a team that needs a level between two has one, and a
+# digit sorts as it reads; more would be a ranking no round could honour.
+PRIORITIES = range(10)
+DEFAULT_PRIORITY = 5
 MAX_HEADERS = 64
 MAX_HEADER_BYTES = 8 * 1024
 # Labels: a small map a caller finds and cancels its schedules by. Names
@@ -110,6 +116,7 @@ class NewSchedule:
     expire_after: timedelta | None = None
     http: HttpTarget | None = None
     flow_control: FlowControl | None = None
+    priority: int = DEFAULT_PRIORITY
     # The tenant's default delivery rate, where the request names no flow
     # control: stored as its limit, but no part of the request (a repeat
     # after the default changed is still the same request).
@@ -140,6 +147,8 @@ class NewSchedule:
             parts.append(self.http.fingerprint())
         if self.flow_control is not None:  # appended, likewise
             parts.append(self.flow_control.to_document())
+        if self.priority != DEFAULT_PRIORITY:  # appended, likewise
+            parts.append(["priority", self.priority])
         canonical = json.dumps(parts, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -199,6 +208,11 @@ def is_label_name(text: str) -> bool:
 def label_pairs(labels: dict[str, str]) -> list[str]:
     """Labels as the store keeps them: "name=value" strings, sorted."""
     return sorted(f"{name}={value}" for name, value in labels.items())
+
+
+def priority_of(doc: dict[str, Any]) -> int:
+    """A stored schedule's priority (absent: the default)."""
+    return int(doc.get("priority", DEFAULT_PRIORITY))
 
 
 def labels_of(pairs: list[str] | None) -> dict[str, str]:

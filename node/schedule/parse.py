@@ -20,12 +20,14 @@ from node.errors import PayloadTooLarge, ValidationFailed
 from node.schedule.destination import HttpTarget, parse_http
 from node.schedule.flow import FlowControl, parse_flow_control
 from node.schedule.model import (
+    DEFAULT_PRIORITY,
     DEFAULT_TENANT,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
     MAX_KEY_BYTES,
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS,
+    PRIORITIES,
     RESERVED_HEADERS,
     Limits,
     NewSchedule,
@@ -55,6 +57,7 @@ _ALLOWED_FIELDS = frozenset(
         "labels",
         "expireAfter",
         "flowControl",
+        "priority",
     }
 )
 # What PATCH may change: all but the schedule's identity (its destination
@@ -249,6 +252,7 @@ def parse_schedule_object(
     _within_horizon(execute_at, now, limits, when_field)
     retry = parse_retry(data["retry"], limits.retry) if "retry" in data else None
     flow = parse_flow_control(data["flowControl"]) if "flowControl" in data else None
+    priority = parse_priority(data["priority"]) if "priority" in data else DEFAULT_PRIORITY
 
     payload, payload_format = _parse_payload(data, limits)
     key = _parse_key(data.get("key"))
@@ -278,6 +282,7 @@ def parse_schedule_object(
         expire_after=expire_after,
         http=http,
         flow_control=flow,
+        priority=priority,
     )
 
 
@@ -315,6 +320,16 @@ def _parse_key(key: object) -> str | None:
             f"key must be a string of at most {MAX_KEY_BYTES} bytes, without NUL", "key"
         )
     return key
+
+
+def parse_priority(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value not in PRIORITIES:
+        raise ValidationFailed(
+            f"priority must be an integer from {PRIORITIES[0]} to {PRIORITIES[-1]} "
+            f"({PRIORITIES[-1]} first; default {DEFAULT_PRIORITY})",
+            "priority",
+        )
+    return value
 
 
 def parse_labels(labels: object, field: str = "labels") -> dict[str, str]:
@@ -373,6 +388,7 @@ class Patch:
     labels: dict[str, str] | None = None
     expire_after: timedelta | None = None
     flow_control: FlowControl | None = None
+    priority: int | None = None
     # A new destination: one of them (naming it switches from the other).
     topic: str | None = None
     http: HttpTarget | None = None
@@ -442,6 +458,8 @@ def _parse_patch_content(data: dict[str, Any], limits: Limits) -> dict[str, Any]
         fields["expire_after"] = parse_expire_after(data["expireAfter"])
     if data.get("flowControl") is not None:
         fields["flow_control"] = parse_flow_control(data["flowControl"])
+    if "priority" in data:
+        fields["priority"] = parse_priority(data["priority"])
     if "topic" in data:
         fields["topic"] = validate_topic(data["topic"])
     if "http" in data:

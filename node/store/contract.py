@@ -83,6 +83,8 @@ class DueChange:
     schedule_id: str
     due_at: datetime | None
     inserted: bool
+    # An insert's priority (None: the default, or not said).
+    priority: int | None = None
 
 
 class ChangeFeed(Protocol):

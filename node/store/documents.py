@@ -14,7 +14,7 @@ from typing import Any
 from pymongo import ASCENDING
 
 from node.schedule.changes import expiry_fields
-from node.schedule.model import NewSchedule, Status, label_pairs, public_id
+from node.schedule.model import DEFAULT_PRIORITY, NewSchedule, Status, label_pairs, public_id
 from node.schedule.payload import payload_fields
 from ring import bucket_for
 
@@ -36,6 +36,8 @@ def schedule_document(new: NewSchedule, bucket_count: int, now: datetime) -> dic
         # topic never meets it, and by_tenant_host holds only these).
         del doc["topic"]
         doc["http"] = new.http.to_document()
+    if new.priority != DEFAULT_PRIORITY:
+        doc["priority"] = new.priority
     flow = new.flow_control or new.tenant_flow
     if flow is not None:
         doc["flow"] = flow.to_document()

@@ -66,6 +66,7 @@ PIPELINE: list[dict[str, Any]] = [
             "documentKey": 1,
             "fullDocument.bucket": 1,
             "fullDocument.dueAt": 1,
+            "fullDocument.priority": 1,
             "updateDescription.updatedFields.dueAt": 1,
         }
     },
@@ -89,6 +90,7 @@ def due_change(event: Mapping[str, Any], bucket_count: int) -> DueChange | None:
             schedule_id=schedule_id,
             due_at=aware(due) if due is not None else None,
             inserted=True,
+            priority=doc.get("priority") if isinstance(doc.get("priority"), int) else None,
         )
     if kind == "update":
         # An update names no bucket: it is the id's, by the placement's hash.

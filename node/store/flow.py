@@ -27,6 +27,7 @@ documents carry ``expireAt``, removed by the TTL monitor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -41,7 +42,10 @@ from node.store.contract import RateWant, SlotWant
 # How long a slot stays held without a renewal (seconds). A node renews
 # the slots it uses every round past half of it; one that dies leaves them
 # held this long at most.
-SLOT_TERM = 30.0
+SLOT_TERM = 10.0
+# Statements a reservation may take when the first ones race to make its
+# slice.
+RESERVE_TRIES = 3
 # How long a spent slice or a released slot stays before the TTL monitor
 # may remove it.
 KEEP_SPENT = timedelta(hours=1)
@@ -68,6 +72,14 @@ class FlowStore:
     ) -> None:
         self.collection = collection
         self.term = term
+        # On the embedded SecantusDB (set at start, as the leases' shapes):
+        # there upserts racing to make one document answer no document to
+        # all but one of them, though each applied its increment (measured:
+        # 165 of 600 answers, three nodes racing each of 200 slices). So a
+        # slice is made first by an insert, whose duplicate is no error,
+        # and reserved in without upsert (no race: every answer comes). A
+        # real MongoDB answers every upsert; one statement there.
+        self.embedded = False
         # This process's name on the slots it holds (node id and a nonce:
         # a restarted node holds none of its former self's).
         self.holder = holder
@@ -85,31 +97,38 @@ class FlowStore:
         return list(await asyncio.gather(*(self._reserve(want) for want in wants)))
 
     async def _reserve(self, want: RateWant) -> int:
-        for attempt in range(2):
+        if self.embedded:
+            with contextlib.suppress(DuplicateKeyError):
+                await self.collection.insert_one(
+                    {"_id": want.slice.id, "n": 0, **self._about(want)}
+                )
+        for _attempt in range(RESERVE_TRIES):
             try:
                 after = await self.collection.find_one_and_update(
                     {"_id": want.slice.id},
                     {
                         "$inc": {"n": want.count},
-                        "$setOnInsert": {
-                            "tenant": want.tenant,
-                            "key": want.key,
-                            "expireAt": want.slice.ends_at + KEEP_SPENT,
-                        },
+                        "$setOnInsert": self._about(want),
                     },
-                    upsert=True,
+                    upsert=not self.embedded,
                     return_document=ReturnDocument.AFTER,
                     projection={"n": 1},
                 )
             except DuplicateKeyError:
                 # Two first reservations of a slice raced to insert it: the
                 # loser's statement did nothing, and the slice exists now.
-                if attempt:
-                    raise
                 continue
-            assert after is not None
+            if after is None:
+                # Not made (the embedded server's insert above failed, or an
+                # answer of its upsert race): grant nothing; the limit errs
+                # low, never high.
+                return 0
             return granted(want.slice.capacity, int(after["n"]), want.count)
-        raise AssertionError("unreachable")
+        return 0
+
+    @staticmethod
+    def _about(want: RateWant) -> dict[str, Any]:
+        return {"tenant": want.tenant, "key": want.key, "expireAt": want.slice.ends_at + KEEP_SPENT}
 
     @store_call
     async def hold(self, wants: Sequence[SlotWant]) -> set[str]:

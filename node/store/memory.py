@@ -186,7 +186,8 @@ class Documents:
     def _tell(self, doc: Document, *, inserted: bool, due: datetime | None) -> None:
         # The change stream's filter and projection (``due_changes.PIPELINE``):
         # stored PENDING, made PENDING, or a new due time.
-        change = DueChange(int(doc["bucket"]), str(doc["_id"]), due, inserted)
+        priority = doc.get("priority") if inserted else None
+        change = DueChange(int(doc["bucket"]), str(doc["_id"]), due, inserted, priority)
         for feed in self.feeds:
             feed.told(change)
 
