@@ -209,6 +209,23 @@ def test_the_gate_admits_the_earliest_up_to_the_grants_and_shuts_a_spent_slice()
     assert not gate.shut(batch[0], opens)
 
 
+def test_a_start_held_up_past_its_slice_may_not_go() -> None:
+    """A node paused between its reservation and its call: the call would
+    count in a window the slice's share was not made for."""
+    gate = FlowGate(slot_term=30.0)
+    batch = [doc("s0", rate=20)]
+    asks = gate.asks(batch, 0.0)
+    names, wants = gate.rate_wants(asks, NOW)
+    gate.admit(asks, names, [1], wants, 0.0, NOW)
+    part = wants[0].slice
+    assert not gate.too_late("s0", part.ends_at)
+    assert not gate.too_late("s0", part.ends_at + part.length)
+    assert gate.too_late("s0", part.ends_at + part.length + timedelta(milliseconds=1))
+    assert not gate.too_late("unlimited", NOW + timedelta(days=1))
+    gate.settle(out=set())
+    assert not gate.too_late("s0", NOW + timedelta(days=1))  # settled: forgotten
+
+
 def test_slots_in_use_bound_a_batch_until_their_deliveries_settle() -> None:
     gate = FlowGate(slot_term=30.0)
     batch = [doc(f"s{i}", parallelism=2) for i in range(3)]

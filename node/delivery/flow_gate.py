@@ -74,6 +74,8 @@ class FlowGate:
     def __init__(self, slot_term: float) -> None:
         self.slot_term = slot_term
         self._keys: dict[str, _Key] = {}
+        # Schedule id -> the latest its reserved start may go (``Slice.starts_by``).
+        self._starts_by: dict[str, datetime] = {}
 
     # -- what a round may take --------------------------------------------------
 
@@ -194,6 +196,8 @@ class FlowGate:
             if name in by_rate:
                 grant, want = by_rate[name]
                 allowed = min(allowed, grant)
+                for doc in docs[:allowed]:
+                    self._starts_by[str(doc["_id"])] = want.slice.starts_by
                 if grant < want.count or grant >= want.slice.capacity:
                     # The slice is spent: nothing more before the next one.
                     state.shut_until = monotonic + max(
@@ -227,6 +231,13 @@ class FlowGate:
         the slots of the rest are free again."""
         for state in self._keys.values():
             state.using = {slot: sid for slot, sid in state.using.items() if sid in out}
+        self._starts_by = {sid: by for sid, by in self._starts_by.items() if sid in out}
+
+    def too_late(self, schedule_id: str, now: datetime) -> bool:
+        """Whether the start reserved for ``schedule_id`` may no longer go
+        (the node was held up between its reservation and its call)."""
+        by = self._starts_by.get(schedule_id)
+        return by is not None and now > by
 
     def idle(self, due_keys: Collection[str], monotonic: float) -> list[str]:
         """The slots to give back: of keys with no work due here and none

@@ -776,13 +776,20 @@ class BucketPoller:
         IN_FLIGHT for good."""
         live: list[Claimed] = []
         abandoned: list[Claimed] = []
+        now = self.wall()
         for claim in claimed:
-            (live if self.leases.is_usable(claim.bucket, claim.token) else abandoned).append(claim)
+            usable = self.leases.is_usable(claim.bucket, claim.token)
+            # A start reserved by flow control goes by its slice's bound, or
+            # not at all: held up past it, it would count in another window.
+            (live if usable and not self.gate.too_late(claim.id, now) else abandoned).append(claim)
         if abandoned:
             self._unclaimed.extend(abandoned)
             self.book.stale({c.bucket for c in abandoned})
             self.metrics.deliveries.labels("abandoned").inc(len(abandoned))
-            log.warning("lease gone mid-batch (expired or handed over)", abandoned=len(abandoned))
+            log.warning(
+                "lease gone mid-batch (expired or handed over), or a flow-control slice passed",
+                abandoned=len(abandoned),
+            )
         return live
 
     async def _end_unpublished(self, completions: list[Completion]) -> None:
