@@ -87,6 +87,14 @@ SWITCH_SHARE = 0.5
 METHODS = ("POST", "PUT", "PATCH")
 # An http target's timeout: a receiver answering slower (``slow``) times out.
 HTTP_TIMEOUT = "PT10S"
+# Of the one-shot schedules to the receiver, the share under one flow key
+# (the checker: never more in a second than its limit allows); about one a
+# second at the default rate, so the limit holds back a burst, and the
+# backlog a fault leaves, not the steady load.
+FLOW_SHARE = 0.1
+FLOW_LIMIT = {"key": "chaos-limited", "rate": 4, "parallelism": 2}
+# Of the one-shot schedules, the share with a priority of their own (0-9).
+PRIORITY_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -280,9 +288,16 @@ class Load:
             "payload": i,
             "labels": {"group": group},
         }
+        limited = http and self.webhook is not None and self.rng.random() < FLOW_SHARE
+        noted: dict[str, Any] = {}
+        if limited:
+            body["flowControl"] = FLOW_LIMIT
+            noted = {"flowRate": FLOW_LIMIT["rate"], "flowPeriod": 1.0}
+        if self.rng.random() < PRIORITY_SHARE:
+            body["priority"] = self.rng.randrange(10)
         invoked = self.history.invoke(
             schedule_id, ops.CREATE, time.time(), schedule_id,
-            executeAt=execute_at.timestamp(), group=group, sink=HTTP if http else KAFKA,
+            executeAt=execute_at.timestamp(), group=group, sink=HTTP if http else KAFKA, **noted,
         )  # fmt: skip
         answer = await self._create(body)
         if answer is None or answer.type != ops.OK:

@@ -136,6 +136,13 @@ def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
             ("delivered by HTTP", result.get("delivered_http", 0)),
             ("receiver's answers by status", answers or "none"),
             ("receiver: signatures that did not hold", result["bad_signatures"]),
+            (
+                "flow-limited calls, most in a second / allowed, past the limit",
+                f"{result.get('flow_limited_arrivals', 0)}, "
+                f"{result.get('flow_most_in_a_period', 0)} / "
+                f"{result.get('flow_allowed_in_a_period', '-')}, "
+                f"{result.get('over_flow_rate', 0)}",
+            ),
         ]
     return summary
 

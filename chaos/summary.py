@@ -168,7 +168,11 @@ def receiver_lines(result: dict[str, Any]) -> list[str]:
         f"status: {answers}; requests taken by attempt {attempts}; "
         f"{result['receiver_refused']} units refused for good; "
         f"signatures that did not hold {bad}{shown}; requests naming no schedule "
-        f"{result['receiver_unnamed']}"
+        f"{result['receiver_unnamed']}",
+        f"flow control: {result.get('flow_limited_arrivals', 0)} calls of the limited key, "
+        f"at most {result.get('flow_most_in_a_period', 0)} in a second (allowed "
+        f"{result.get('flow_allowed_in_a_period', '-')}), "
+        f"{result.get('over_flow_rate', 0)} past the limit",
     ]
 
 

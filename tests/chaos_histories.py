@@ -45,11 +45,15 @@ class Load:
         at: float = 0.0,
         group: str | None = None,
         sink: str | None = None,
+        flow_rate: int | None = None,
     ) -> Load:
         """A one-shot schedule's create that took (a 201); ``sink``: the
-        destination it named, as the load notes it (none: as before sinks)."""
+        destination it named, as the load notes it (none: as before sinks);
+        ``flow_rate``: under the load's flow key, at that rate a second."""
         labels = {"group": group} if group else {}
-        named = {"sink": sink} if sink else {}
+        named: dict[str, Any] = {"sink": sink} if sink else {}
+        if flow_rate:
+            named.update(flowRate=flow_rate, flowPeriod=1.0)
         invoked = self.history.invoke(
             unit, ops.CREATE, at, unit, executeAt=execute_at, tenant="default", **labels, **named
         )

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from chaos.checker import INVARIANTS, check, passed
+from chaos.checker.flow import most_allowed, over_flow_rate
 from chaos.history import HTTP, INFO, KAFKA, Delivery, History, Topic, occurrence
 from ring import bucket_for
 from tests.chaos_histories import Load, created, iso, topic
@@ -611,6 +612,18 @@ def _breaks_unexpected_occurrences() -> tuple[History, Topic]:
 
 
 # A history and a topic that break exactly one invariant, by its name.
+def _limited(count: int, spacing: float) -> tuple[History, Topic]:
+    load = Load()
+    for n in range(count):
+        load.create(f"k{n}", 100.0, sink=HTTP, flow_rate=4)
+    calls = (Delivery(f"k{n}", 1, 1, 100.1 + n * spacing, sink=HTTP) for n in range(count))
+    return load.history, topic(*calls)
+
+
+def _breaks_flow_rate() -> tuple[History, Topic]:
+    return _limited(7, 0.07)
+
+
 BREAKS: dict[str, Callable[[], tuple[History, Topic]]] = {
     "lost": lambda: (created({"a": 100.0}), topic()),
     "cancelled_delivered": lambda: (
@@ -649,12 +662,25 @@ BREAKS: dict[str, Callable[[], tuple[History, Topic]]] = {
             Delivery("w", 2, 1, 102.2, execute_at=102.0),
         ),
     ),
+    # Seven calls of a key limited to 4 a second in half a second (6 allowed).
+    "over_flow_rate": _breaks_flow_rate,
     # Given up on, and the receiver refused nothing of it.
     "delivery_failed": lambda: (
         Load().create("f", 100.0).failed("f").history,
         topic(Delivery("f", 1, 1, 100.1)),
     ),
 }
+
+
+def test_a_flow_limited_key_may_see_its_rate_and_two_slices_in_any_second() -> None:
+    assert (most_allowed(4), most_allowed(20), most_allowed(25)) == (6, 24, 31)
+    within = over_flow_rate(*_limited(6, 0.07))
+    assert within.ids == () and within.figures["flow_most_in_a_period"] == 6
+    # Spread out, any number: never more than 6 in a second.
+    spread = over_flow_rate(*_limited(40, 0.2))
+    assert spread.ids == () and spread.figures["flow_most_in_a_period"] == 5
+    over = over_flow_rate(*_breaks_flow_rate())
+    assert over.ids == ("k6",)
 
 
 @pytest.mark.parametrize("invariant", INVARIANTS, ids=lambda i: i.__name__)

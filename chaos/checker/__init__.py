@@ -45,6 +45,7 @@ from chaos.checker.duplicates import (
 )
 from chaos.checker.figures import offsets_reused, tally
 from chaos.checker.finding import Finding
+from chaos.checker.flow import over_flow_rate
 from chaos.checker.invariants import (
     delivery_failed,
     early,
@@ -82,6 +83,7 @@ INVARIANTS: tuple[Checker, ...] = (
     unexpected_occurrences,
     late_outside_windows,
     delivery_failed,
+    over_flow_rate,
 )
 # What the result reports beside them, failing no run.
 FIGURES: tuple[Checker, ...] = (tally, offsets_reused, lateness)
@@ -152,5 +154,6 @@ def passed(result: Mapping[str, Any]) -> bool:
             "wrong_destination",
             "delivery_failed",
             "bad_signatures",
+            "over_flow_rate",
         )
     )
