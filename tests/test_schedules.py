@@ -168,6 +168,7 @@ def test_document_and_public_view() -> None:
         "headers": {"trace": "t1"},
         "createdAt": "2030-01-01T12:00:00.000Z",
         "labels": {},
+        "priority": 5,
         "version": 1,
         "payload": [1, "two"],
         "payloadBytes": len(b'[1,"two"]'),
