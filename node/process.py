@@ -211,12 +211,8 @@ class Node:
             if config.history_retention > 0
             else None
         )
-        # Flow control's counts: as durable as the leases (a reservation
-        # lost in a database crash would let a slice's share go out twice).
-        self.flow = FlowStore(
-            database["flow"].with_options(write_concern=DURABLE),
-            f"{config.node_id}/{uuid.uuid4().hex[:8]}",
-        )
+        # Flow control's counts (``node/store/flow.py``).
+        self.flow = FlowStore(database, f"{config.node_id}/{uuid.uuid4().hex[:8]}")
         self.poller = configured_poller(
             config,
             self.delivery_store,

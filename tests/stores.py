@@ -167,7 +167,7 @@ class MongoKit(StoreKit):
     def flow(self, holder: str, term: float = SLOT_TERM) -> FlowStore:
         # The embedded server's shape, as a node sets it on finding it (the
         # upsert shape of a real MongoDB: tests/test_flow_control.py).
-        store = FlowStore(self.database.flow, holder, term)
+        store = FlowStore(self.database, holder, term)
         store.embedded = True
         return store
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import bulk_bench, delivery_bench, idle_bench
+from bench import bulk_bench, delivery_bench, flow_bench, idle_bench, priority_bench
 from bench.failover_bench import resumption
 from bench.stack import OPERATION_KINDS, Delivery, Servers
 from tests.conftest import EmbeddedServers
@@ -267,3 +267,40 @@ def test_the_bulk_suite_judges_each_promise_from_what_the_receiver_and_store_saw
          "aims": bulk_bench.aims(plan, redriven, raced)}
     )  # fmt: skip
     assert "6/4 more, 0/0" in text and "MISSED" not in text
+
+
+def test_the_flow_suite_counts_any_window_and_judges_each_bound() -> None:
+    assert flow_bench.most_in_a_window([0.0, 0.5, 1.0, 1.5, 2.0], 1.0) == 2  # half-open
+    assert flow_bench.most_in_a_window([0.0, 0.5, 0.99, 1.0, 1.5, 1.98], 1.0) == 4
+    assert flow_bench.most_in_a_window([], 1.0) == 0
+    plan = flow_bench.Plan(count=600, rate=20, parallelism=3, free=600, nodes=3)
+    baseline = {"free_lateness": {"p50": 0.2, "p99": 1.0}}
+    mixed = {"most_at_once": 3, "most_in_a_second": 22, "delivered_in_s": 31.0,
+             "first_after_s": 0.1, "failed": 0, "twice": 0,
+             "free_lateness": {"p50": 0.2, "p99": 1.1}}  # fmt: skip
+    crashed = {"most_at_once": 3, "most_in_a_second": 21, "delivered_in_s": 40.0,
+               "first_after_s": 0.1, "twice": 0, "victim_share": 0.4,
+               "killed_after_s": 15.0}  # fmt: skip
+    assert all(flow_bench.aims(plan, baseline, mixed, crashed).values())
+    judged = [
+        flow_bench.aims(plan, baseline, {**mixed, "most_at_once": 4}, crashed),
+        flow_bench.aims(plan, baseline, mixed, {**crashed, "most_in_a_second": 23}),
+        flow_bench.aims(plan, baseline, {**mixed, "delivered_in_s": 37.0}, crashed),
+        flow_bench.aims(plan, baseline, {**mixed, "free_lateness": {"p99": 1.3}}, crashed),
+    ]
+    assert [sum(not ok for ok in aims.values()) for aims in judged] == [1, 1, 1, 1]
+    text = flow_bench.render({"plan": plan.__dict__, "alone": baseline, "beside": mixed,
+                              "crash": crashed, "aims": judged[0]})  # fmt: skip
+    assert "at most 3 at once" in text and "MISSED" in text
+
+
+def test_the_priority_suite_places_each_high_one_among_the_low_ones() -> None:
+    arrivals = ["low1", "low2", "high1", "low3", "high2", "low4"]
+    placed = priority_bench.placing(arrivals)
+    assert placed == {"lows_before_first_high": 2, "lows_before_last_high": 3,
+                      "highs": 2, "lows": 4}  # fmt: skip
+    plan = {"lows": 4, "highs": 2, "before": 4, "nodes": 1}
+    assert all(priority_bench.aims({"plan": plan, **placed}).values())
+    assert not any(priority_bench.aims({"plan": {**plan, "before": 3}, **placed}).values())
+    missing = priority_bench.placing(["low1", "high1"])
+    assert not any(priority_bench.aims({"plan": plan, **missing}).values())

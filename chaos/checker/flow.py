@@ -1,9 +1,12 @@
 """Flow control's bound, from the receiver's own arrival log: the calls of
 the load's flow-limited key (``chaos/load.py``, FLOW_LIMIT) arrive at most
 its rate plus two slices' shares in any window of one period, however the
-window falls (``node/schedule/flow.py``: each slice's share is reserved in
-the store by every owner at once, and a start goes within a slice of its
-slice's end or not at all). Pure: no IO, no clock."""
+window falls. The starts are held to the rate plus one share
+(``node/schedule/flow.py``: each slice's share is reserved in the store by
+every owner at once, and a start goes within its slice or not at all); an
+arrival comes a moment after its start, and under faults (the node's
+network cut mid-send, the receiver paused) a moment longer: one share
+more. Pure: no IO, no clock."""
 
 from __future__ import annotations
 

@@ -333,8 +333,8 @@ SCHEMAS: dict[str, Any] = {
         "per period and at most parallelism are in flight at once (the key is the "
         "tenant's). Held back is not an attempt: the schedule stays due and goes in a "
         "later window, earliest first within the key; other keys never wait for it. In "
-        "any window of one period at most rate plus two tenths of it (rate + 2 below ten "
-        "a period) start.",
+        "any window of one period at most rate plus a tenth of it (rate + 1 below ten a "
+        "period) start.",
         "properties": {
             "key": {
                 "type": "string",

@@ -74,7 +74,8 @@ class FlowGate:
     def __init__(self, slot_term: float) -> None:
         self.slot_term = slot_term
         self._keys: dict[str, _Key] = {}
-        # Schedule id -> the latest its reserved start may go (``Slice.starts_by``).
+        # Schedule id -> the end of the slice its start was reserved in: the
+        # latest it may go.
         self._starts_by: dict[str, datetime] = {}
 
     # -- what a round may take --------------------------------------------------
@@ -197,7 +198,7 @@ class FlowGate:
                 grant, want = by_rate[name]
                 allowed = min(allowed, grant)
                 for doc in docs[:allowed]:
-                    self._starts_by[str(doc["_id"])] = want.slice.starts_by
+                    self._starts_by[str(doc["_id"])] = want.slice.ends_at
                 if grant < want.count or grant >= want.slice.capacity:
                     # The slice is spent: nothing more before the next one.
                     state.shut_until = monotonic + max(

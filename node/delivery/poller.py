@@ -177,6 +177,8 @@ class BucketPoller:
         # node always has it, the twins of some tests have not).
         self.flow = flow
         self.gate = FlowGate(SLOT_TERM)
+        # Whether the last batch held work of a flow key (no linger then).
+        self._flow_in_hand = False
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
         self.feed = DueFeed(store, self) if watch_changes else None
@@ -354,6 +356,15 @@ class BucketPoller:
             # instead of costing three round trips each. Hints do not cut
             # this short; stopping waits for it, at most the linger.
             linger = self.batch_linger - (self.monotonic() - started)
+            opens = self.gate.next_open(self.monotonic())
+            if opens is not None:
+                linger = min(linger, opens)  # a flow key's next slice opens
+            if self._flow_in_hand:
+                # Work of a flow key in hand: it goes a slice's share or a
+                # slot at a time, and each must go when it opens (a linger
+                # cost a key of 20 a second a quarter of its slices; the
+                # rounds that batch, of work with no key, linger as before).
+                linger = 0.0
             if linger > 0 and not self._stopping:
                 await asyncio.sleep(linger)
                 delay -= linger
@@ -527,7 +538,7 @@ class BucketPoller:
             self._more_in_hand = len(takeable) > size
             # The higher priority first; equal ones as they were, oldest first.
             takeable.sort(key=lambda doc: -priority_of(doc))
-            return await self._admit(takeable[:size], now)
+            return await self._admit(takeable[:size])
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
@@ -546,18 +557,21 @@ class BucketPoller:
                 pool += [d for d in extra if d["_id"] not in seen]
         takeable = self._takeable(pool, kafka)
         self._more_in_hand = len(takeable) > size
-        return await self._admit(fair_share(takeable, size), now)
+        return await self._admit(fair_share(takeable, size))
 
-    async def _admit(self, batch: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    async def _admit(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The batch but what flow control holds back (``flow_gate.py``):
         the keys' slots taken and their rate reserved first, a round trip
         for all keys each; the slots of keys with no due work here given
         back."""
         if self.flow is None:
             return batch
-        monotonic = self.monotonic()
+        # The slices by the time of the asks, not the round's start: the
+        # reads between may have taken a slice's length.
+        now, monotonic = self.wall(), self.monotonic()
         self.gate.settle(self._calls_out())
         asks = self.gate.asks(batch, monotonic)
+        self._flow_in_hand = bool(asks.due)
         if asks.slots:
             self.gate.held(asks, await self.flow.hold(asks.slots), monotonic)
         names, wants = self.gate.rate_wants(asks, now)

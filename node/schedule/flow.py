@@ -14,10 +14,10 @@ of the rate, reserved in the store by every owner at once (``FlowGates``).
 Any window of one period then overlaps at most ``slices + 1`` slices, so
 it sees at most ``rate`` plus one slice's share of reservations (20 a
 second: 22 in any second, however the window falls); a fixed window per
-period would let twice the rate through across its edge. A start goes at
-most a slice after its slice ended (``Slice.starts_by``; a node paused
-between its reservation and its call puts the call back), so the starts
-in any window are at most ``rate`` plus two slices' shares.
+period would let twice the rate through across its edge. A start goes
+within its slice or not at all (a node held up between its reservation
+and its call, a pause, puts the call back), so the starts in any window
+are at most ``rate`` plus one slice's share too.
 
 Pure: no IO and no clock reads.
 """
@@ -144,14 +144,6 @@ class Slice:
     id: str
     capacity: int
     ends_at: datetime
-    length: timedelta
-
-    @property
-    def starts_by(self) -> datetime:
-        """The latest a start reserved in it may go: a slice after its end
-        (the claim after the reservation takes a moment). Later, it would
-        count in a window the slice's share was not made for: put back."""
-        return self.ends_at + self.length
 
 
 def rate_slice(tenant: str, flow: FlowControl, now: datetime) -> Slice:
@@ -171,7 +163,6 @@ def rate_slice(tenant: str, flow: FlowControl, now: datetime) -> Slice:
         id=f"r/{key_id(tenant, flow.key)}/{flow.rate}/{period_ms}/{index}",
         capacity=capacity,
         ends_at=_EPOCH + timedelta(milliseconds=end_ms),
-        length=flow.period / slices,
     )
 
 

@@ -1,17 +1,18 @@
-"""The ``flow`` collection: the cluster-wide counts behind flow control
-(``node/schedule/flow.py`` says what a limit is).
+"""The ``flow_slices`` and ``flow_slots`` collections: the cluster-wide
+counts behind flow control (``node/schedule/flow.py`` says what a limit is).
 
 Two kinds of document, each written by whichever node owns a limited
 key's work, so a limit holds across buckets, owners and handovers:
 
-- a rate *slice* (``r/<key>/<rate>/<period>/<index>``): ``n`` deliveries
+- a rate *slice* (``r/<key>/<rate>/<period>/<index>``, in ``flow_slices``): ``n`` deliveries
   started in it. A node reserves ``k`` with one ``$inc`` and reads the
   count after it: the store orders the increments, so the ``k`` granted
   are ``capacity - (n - k)`` clipped to ``0..k``, and two owners can never
   both be granted the same share. What a node reserves and does not use
   (its claim lost a race, it crashed) is lost for that slice only: the
   limit errs low, never high;
-- a parallelism *slot* (``p/<key>/<parallelism>/<i>``): held by one node
+- a parallelism *slot* (``p/<key>/<parallelism>/<i>``, in ``flow_slots``):
+  held by one node
   (``holder``) until ``until`` by the store's clock, for one delivery in
   flight at a time. A node takes slots that are free, expired or its own
   in one unordered bulk write (a slot held by another fails with a
@@ -20,8 +21,11 @@ key's work, so a limit holds across buckets, owners and handovers:
   slots until they expire (``SLOT_TERM``): its calls died with it.
 
 Every statement names its documents by ``_id``: one shard each on a
-sharded cluster (shard the collection on ``{_id: "hashed"}``). Spent
-documents carry ``expireAt``, removed by the TTL monitor.
+sharded cluster (shard both on ``{_id: "hashed"}``). Spent documents
+carry ``expireAt``, removed by the TTL monitor a minute after use. Two
+collections and not one: the embedded SecantusDB plans no index for the
+slots' take (an ``$expr`` beside the ``_id``) and scans its collection,
+which then holds a key's few slots, not every slice of the last minute.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from datetime import timedelta
 from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument, UpdateOne
-from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from node.store.boundary import DUPLICATE_KEY, store_call
+from node.store.boundary import DUPLICATE_KEY, DURABLE, store_call
 from node.store.contract import RateWant, SlotWant
 
 # How long a slot stays held without a renewal (seconds). A node renews
@@ -48,7 +52,7 @@ SLOT_TERM = 10.0
 RESERVE_TRIES = 3
 # How long a spent slice or a released slot stays before the TTL monitor
 # may remove it.
-KEEP_SPENT = timedelta(hours=1)
+KEEP_SPENT = timedelta(minutes=1)
 
 
 # Times compared as epoch milliseconds: the embedded SecantusDB answers
@@ -68,9 +72,12 @@ class FlowStore:
     """``contract.FlowGates`` on MongoDB."""
 
     def __init__(
-        self, collection: AsyncCollection[dict[str, Any]], holder: str, term: float = SLOT_TERM
+        self, database: AsyncDatabase[dict[str, Any]], holder: str, term: float = SLOT_TERM
     ) -> None:
-        self.collection = collection
+        # As durable as the leases: a reservation lost in a database crash
+        # would let a slice's share go out twice.
+        self.slices = database.get_collection("flow_slices", write_concern=DURABLE)
+        self.slots = database.get_collection("flow_slots", write_concern=DURABLE)
         self.term = term
         # On the embedded SecantusDB (set at start, as the leases' shapes):
         # there upserts racing to make one document answer no document to
@@ -86,9 +93,10 @@ class FlowStore:
 
     @store_call
     async def prepare(self) -> None:
-        await self.collection.create_index(
-            [("expireAt", ASCENDING)], name="expire", expireAfterSeconds=0
-        )
+        for collection in (self.slices, self.slots):
+            await collection.create_index(
+                [("expireAt", ASCENDING)], name="expire", expireAfterSeconds=0
+            )
 
     @store_call
     async def reserve(self, wants: Sequence[RateWant]) -> list[int]:
@@ -99,12 +107,10 @@ class FlowStore:
     async def _reserve(self, want: RateWant) -> int:
         if self.embedded:
             with contextlib.suppress(DuplicateKeyError):
-                await self.collection.insert_one(
-                    {"_id": want.slice.id, "n": 0, **self._about(want)}
-                )
+                await self.slices.insert_one({"_id": want.slice.id, "n": 0, **self._about(want)})
         for _attempt in range(RESERVE_TRIES):
             try:
-                after = await self.collection.find_one_and_update(
+                after = await self.slices.find_one_and_update(
                     {"_id": want.slice.id},
                     {
                         "$inc": {"n": want.count},
@@ -167,7 +173,7 @@ class FlowStore:
         ]
         refused: set[int] = set()
         try:
-            await self.collection.bulk_write(ops, ordered=False)
+            await self.slots.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(e["code"] != DUPLICATE_KEY for e in errors):
@@ -181,11 +187,11 @@ class FlowStore:
     async def release(self, slots: Sequence[str]) -> None:
         """Give back these slots, where this process still holds them."""
         if slots:
-            await self.collection.delete_many({"_id": {"$in": list(slots)}, "holder": self.holder})
+            await self.slots.delete_many({"_id": {"$in": list(slots)}, "holder": self.holder})
 
     async def held(self) -> list[dict[str, Any]]:
         """Every slot document (for tests and the operator's eye)."""
-        return await self.collection.find({"_id": {"$regex": "^p/"}}).to_list()
+        return await self.slots.find({}).to_list()
 
 
 __all__ = ["KEEP_SPENT", "SLOT_TERM", "FlowStore", "granted"]
