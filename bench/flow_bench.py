@@ -9,7 +9,8 @@ cluster:
 
 * alone: ``free`` schedules of no key due at once (the baseline of their
   lateness);
-* beside: ``count`` of the limited key and ``free`` others, all due at
+* beside: ``count`` of the limited key and ``free`` others (to another
+  host: a host's own bound is shared by whatever calls it), all due at
   once in the same buckets: the limited key's calls at most
   ``parallelism`` at once and ``rate`` x 1.1 in every one-second window
   (however the window falls), all delivered in ``count / rate`` to 1.2 x
@@ -52,6 +53,8 @@ class Plan:
 
 FULL = Plan(count=600, rate=20, parallelism=3, free=600, nodes=3)
 QUICK = Plan(count=40, rate=20, parallelism=3, free=40, nodes=2)
+# The host the calls of no key go to (loopback, as HOST).
+OTHER_HOST = "127.0.0.2"
 # Seconds from the creation of a wave to its due time (the batches stored first).
 LEAD = 4.0
 
@@ -101,8 +104,8 @@ def p99(values: list[float]) -> float:
 
 
 class Wave:
-    def __init__(self, api: Api, receiver: Receiver, base: str, plan: Plan) -> None:
-        self.api, self.receiver, self.base, self.plan = api, receiver, base, plan
+    def __init__(self, api: Api, receiver: Receiver, bases: tuple[str, str], plan: Plan) -> None:
+        self.api, self.receiver, self.bases, self.plan = api, receiver, bases, plan
         self.limit = {"key": "crm", "rate": plan.rate, "parallelism": plan.parallelism}
 
     async def create(
@@ -110,8 +113,8 @@ class Wave:
     ) -> datetime:
         due = due or datetime.now(UTC) + timedelta(seconds=LEAD + count / 500)
         extra = {"flowControl": self.limit} if limited else {}
-        path = "limited" if limited else "free"
-        await self.api.create(prefix, count, f"{self.base}/{path}", due, **extra)
+        url = f"{self.bases[0]}/limited" if limited else f"{self.bases[1]}/free"
+        await self.api.create(prefix, count, url, due, **extra)
         return due
 
     async def all_in(self, prefix: str, count: int) -> float:
@@ -190,8 +193,15 @@ async def run(plan: Plan) -> dict[str, Any]:
     app.router.add_route("*", "/{path:.*}", receiver.handle)
     runner = web.AppRunner(app)
     await runner.setup()
+    # The limited key's service and the others' on two hosts (two loopback
+    # addresses): a host's own bound (HTTP_MAX_PER_HOST calls at once) is
+    # shared by whatever calls it, which is not what flow control is about.
     await web.TCPSite(runner, HOST, 0).start()
-    base = f"http://{HOST}:{runner.addresses[0][1]}"
+    await web.TCPSite(runner, OTHER_HOST, 0).start()
+    bases = (
+        f"http://{HOST}:{runner.addresses[0][1]}",
+        f"http://{OTHER_HOST}:{runner.addresses[1][1]}",
+    )
     system = Scheduler(
         env={
             "HTTP_TARGETS_ALLOW": LOOPBACK,
@@ -206,7 +216,7 @@ async def run(plan: Plan) -> dict[str, Any]:
                 assert system.cluster is not None
                 urls = [node.url for node in system.cluster.nodes.values()]
                 async with aiohttp.ClientSession() as session:
-                    wave = Wave(Api(session, urls), receiver, base, plan)
+                    wave = Wave(Api(session, urls), receiver, bases, plan)
                     print(f"  {plan.free} of no key alone ...", flush=True)
                     baseline = await alone(wave)
                     print(f"  {plan.count} limited beside {plan.free} free ...", flush=True)

@@ -27,13 +27,14 @@ Pure: no IO and no clock reads.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from node.schedule.flow import FlowControl, flow_of, rate_slice, slot_ids
+from node.schedule.flow import FlowControl, rate_slice, slot_ids
 from node.store.contract import RateWant, SlotWant
 
 Doc = dict[str, Any]
@@ -45,10 +46,26 @@ SHUT_MOST = 1.0
 
 def flow_key(doc: Doc) -> tuple[str, FlowControl] | None:
     """(the route's name of the key, its limit), for a schedule with one."""
-    flow = flow_of(doc)
-    if flow is None:
+    stored = doc.get("flow")
+    if not stored:
         return None
-    return f"{doc.get('tenant')}\x00{flow.key}", flow
+    return _flow_key(
+        str(doc.get("tenant")),
+        str(stored.get("key")),
+        stored.get("rate"),
+        stored.get("periodMs"),
+        stored.get("parallelism"),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _flow_key(
+    tenant: str, key: str, rate: int | None, period_ms: int | None, parallelism: int | None
+) -> tuple[str, FlowControl]:
+    """Made once per limit, not per schedule and round (a round asks of
+    every schedule in hand)."""
+    stored = {"key": key, "rate": rate, "periodMs": period_ms or 1000, "parallelism": parallelism}
+    return f"{tenant}\x00{key}", FlowControl.from_document(stored)
 
 
 @dataclass

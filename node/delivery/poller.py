@@ -177,7 +177,7 @@ class BucketPoller:
         # node always has it, the twins of some tests have not).
         self.flow = flow
         self.gate = FlowGate(SLOT_TERM)
-        # Whether the last batch held work of a flow key (no linger then).
+        # Whether the last batch held only work of flow keys (no linger then).
         self._flow_in_hand = False
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
@@ -360,10 +360,9 @@ class BucketPoller:
             if opens is not None:
                 linger = min(linger, opens)  # a flow key's next slice opens
             if self._flow_in_hand:
-                # Work of a flow key in hand: it goes a slice's share or a
-                # slot at a time, and each must go when it opens (a linger
-                # cost a key of 20 a second a quarter of its slices; the
-                # rounds that batch, of work with no key, linger as before).
+                # Only a flow key's work in hand: it goes a slice's share or
+                # a slot at a time, and each must go when it opens (a linger
+                # cost a key of 20 a second a quarter of its slices).
                 linger = 0.0
             if linger > 0 and not self._stopping:
                 await asyncio.sleep(linger)
@@ -425,9 +424,8 @@ class BucketPoller:
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
+        await self._deliver_batch(batch, tokens)
         if batch:
-            self.book.taken(batch)
-            await self._deliver(batch, tokens)
             if self._more_in_hand:
                 return 0.0
             # All it could take, the rest held back (a host at its bound): no
@@ -437,6 +435,35 @@ class BucketPoller:
             now, monotonic = self.wall(), self.monotonic()
         idle = self._idle_for(now, monotonic, kafka=broker_up)
         return idle if broker_up else min(idle, self._broker_wait())
+
+    async def _deliver_batch(self, batch: list[dict[str, Any]], tokens: dict[int, int]) -> None:
+        """Deliver the batch: what no flow key limits at once, and beside it
+        the flow gate's asks of the store (``_admit``), whose admitted work
+        is claimed after (a second claim, only when both kinds are in the
+        batch): work of no key never waits on a flow key's round trips (it
+        did, and a burst of it beside a limited key's came out 1.3 times
+        later at p99, measured)."""
+        limited = [d for d in batch if flow_key(d) is not None] if self.flow is not None else []
+        free = [d for d in batch if flow_key(d) is None] if limited else batch
+        # Only a flow key's work: no linger (``_loop``). With other work the
+        # round lingers as ever: its batching is worth more to the store.
+        self._flow_in_hand = bool(limited) and not free
+        admitting = asyncio.create_task(self._admit(limited)) if self.flow is not None else None
+        try:
+            if free:
+                self.book.taken(free)
+                await self._deliver(free, tokens)
+        except BaseException:
+            if admitting is not None:
+                # A reservation it made goes unused: the limit errs low.
+                admitting.cancel()
+                with contextlib.suppress(BaseException):
+                    await admitting
+            raise
+        admitted = await admitting if admitting is not None else []
+        if admitted:
+            self.book.taken(admitted)
+            await self._deliver(admitted, tokens)
 
     def _broker_wait(self) -> float:
         assert self._broker_retry_at is not None
@@ -538,7 +565,7 @@ class BucketPoller:
             self._more_in_hand = len(takeable) > size
             # The higher priority first; equal ones as they were, oldest first.
             takeable.sort(key=lambda doc: -priority_of(doc))
-            return await self._admit(takeable[:size])
+            return takeable[:size]
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
         tenants = sorted(await self.tenant_names()) if hiding else []
@@ -557,21 +584,19 @@ class BucketPoller:
                 pool += [d for d in extra if d["_id"] not in seen]
         takeable = self._takeable(pool, kafka)
         self._more_in_hand = len(takeable) > size
-        return await self._admit(fair_share(takeable, size))
+        return fair_share(takeable, size)
 
     async def _admit(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The batch but what flow control holds back (``flow_gate.py``):
-        the keys' slots taken and their rate reserved first, a round trip
-        for all keys each; the slots of keys with no due work here given
-        back."""
-        if self.flow is None:
-            return batch
+        """Of the flow keys' work in ``batch``, what flow control lets go now
+        (``flow_gate.py``): the keys' slots taken (or renewed) and their rate
+        reserved, a round trip for all keys each; the slots of keys with no
+        due work here given back."""
+        assert self.flow is not None
         # The slices by the time of the asks, not the round's start: the
         # reads between may have taken a slice's length.
         now, monotonic = self.wall(), self.monotonic()
         self.gate.settle(self._calls_out())
         asks = self.gate.asks(batch, monotonic)
-        self._flow_in_hand = bool(asks.due)
         if asks.slots:
             self.gate.held(asks, await self.flow.hold(asks.slots), monotonic)
         names, wants = self.gate.rate_wants(asks, now)
@@ -582,10 +607,8 @@ class BucketPoller:
                 self.metrics.flow_held_back.labels(tenant).inc(count)
         await self._release_idle_slots(now, monotonic)
         self.metrics.flow_keys_limited.set(self.gate.keys_shut(monotonic))
-        if not asks.due:
-            return batch
         kept = {id(doc) for doc in admitted}
-        return [doc for doc in batch if flow_key(doc) is None or id(doc) in kept]
+        return [doc for doc in batch if id(doc) in kept]
 
     async def _release_idle_slots(self, now: datetime, monotonic: float) -> None:
         assert self.flow is not None
@@ -1018,6 +1041,7 @@ class BucketPoller:
         stalled = self._stalls(kafka)
         monotonic, now = self.monotonic(), self.wall()
         by_key: Counter[str] = Counter()
+        rooms: dict[str, int] = {}
 
         def held(doc: dict[str, Any]) -> bool:
             if stalled(doc):
@@ -1027,7 +1051,9 @@ class BucketPoller:
                 if self.gate.shut(doc, monotonic):
                     return True
                 if count:
-                    if by_key[found[0]] >= self.gate.room(doc, now):
+                    if found[0] not in rooms:
+                        rooms[found[0]] = self.gate.room(doc, now)
+                    if by_key[found[0]] >= rooms[found[0]]:
                         return True
                     by_key[found[0]] += 1
             if not is_http(doc):
