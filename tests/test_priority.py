@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from node.delivery.fairness import fair_order, fair_share
+from node.delivery.urgent import Urgent, UrgentWatch
 from node.schedule.model import DEFAULT_PRIORITY
 from node.store.memory import MemoryLeases, MemorySchedules
 from tests.virtual import START, Owner, VirtualTime, header, schedule
@@ -105,3 +106,41 @@ async def test_at_the_default_priority_it_waits_its_turn(
     await busy.round()
     assert "normal" not in sent(busy)
     assert schedules.calls["get"] == 0
+
+
+@pytest.mark.parametrize("stored_here", [True, False], ids=["stored-here", "stored-elsewhere"])
+async def test_one_stored_ahead_of_its_time_goes_ahead_of_the_backlog_due_with_it(
+    time: VirtualTime, schedules: MemorySchedules, stored_here: bool
+) -> None:
+    """The common case: stored long before it is due, when no view was
+    full; at its due time a backlog due a moment before fills the view."""
+    node = Owner("a", time, schedules, MemoryLeases("", time.wall), watch_changes=True)
+    await node.take([0])
+    await node.open_feed()
+    try:
+        await node.round()
+        for n in range(LOWS):
+            await insert(schedules, time, f"low-{n:03}", 5.0, 0)
+        stored = await insert(schedules, time, "urgent", 5.001, 9)
+        if stored_here:
+            node.poller.accepted(stored)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the feed's news in
+        await node.run_until(lambda: len(sent(node)) > 0, within=10.0)
+        time.advance(0.01)
+        await node.round()
+        assert "urgent" in sent(node)
+        assert len([s for s in sent(node) if s.startswith("low")]) < LOWS // 2
+        assert schedules.calls["get"] == (0 if stored_here else 1)
+    finally:
+        await node.close_feed()
+
+
+def test_the_watch_keeps_a_bounded_number_and_gives_each_once_when_due() -> None:
+    watch = UrgentWatch(tracked=2)
+    for n, at in enumerate((5.0, 1.0, 3.0)):
+        watch.told(Urgent(f"u{n}", 0, START + timedelta(seconds=at)))
+    assert len(watch) == 2  # the third goes in due order
+    assert [u.schedule_id for u in watch.due(START + timedelta(seconds=2))] == ["u1"]
+    assert watch.due(START + timedelta(seconds=2)) == []
+    assert watch.next_due() == START + timedelta(seconds=5)

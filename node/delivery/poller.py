@@ -74,6 +74,7 @@ from node.delivery.sink import Failed, Sink, Trouble
 from node.delivery.sinks.http import HttpSink
 from node.delivery.sinks.kafka import METADATA_DEADLINE, KafkaPublisher
 from node.delivery.sinks.router import Router, dead_letter_item
+from node.delivery.urgent import Urgent, UrgentWatch
 from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from node.schedule.destination import MAX_TIMEOUT, http_host, is_http
@@ -240,9 +241,9 @@ class BucketPoller:
         # (monotonic), and then only after a probe answers.
         self._broker_retry_at: float | None = None
         self._broker_backoff = 0.0
-        # Schedules above the default priority a full view hides, told by
-        # the change feed: read by id next round (``_read_urgent``).
-        self._urgent: set[str] = set()
+        # Schedules above the default priority, kept until due: then into
+        # the work in hand, ahead of a backlog (``urgent.py``).
+        self._urgent = UrgentWatch()
         # The read past the slow lanes, while one is out (``_start_past_read``).
         self._past_task: asyncio.Task[None] | None = None
 
@@ -277,18 +278,16 @@ class BucketPoller:
             change.bucket, change.schedule_id, change.due_at, inserted=change.inserted
         ):
             self.hint(change.bucket, change.due_at)
-            if (change.priority or DEFAULT_PRIORITY) > DEFAULT_PRIORITY and self.book.hides(
-                change.bucket, change.due_at
-            ):
-                # Past a full view it would wait for the backlog ahead of
-                # it: read it by id next round, to go first.
-                self._urgent.add(change.schedule_id)
+            if change.inserted and (change.priority or DEFAULT_PRIORITY) > DEFAULT_PRIORITY:
+                self._urgent.told(Urgent(change.schedule_id, change.bucket, change.due_at))
 
     def accepted(self, doc: dict[str, Any]) -> None:
         """This node stored ``doc`` in a held bucket: into the book, and wake
         by its due time."""
         self.book.accepted(doc)
         due_at = aware(doc["dueAt"])
+        if priority_of(doc) > DEFAULT_PRIORITY:
+            self._urgent.told(Urgent(str(doc["_id"]), int(doc["bucket"]), due_at, doc))
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
 
@@ -419,7 +418,7 @@ class BucketPoller:
         waiting = self._holds_back(broker_up, count=False)
         await self._read(self.book.reads(now, monotonic, self.poll_interval, waiting))
         if self._urgent:
-            await self._read_urgent()
+            await self._read_urgent(now)
         self._start_past_read(now, monotonic, self._stalls(broker_up))
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
@@ -485,12 +484,19 @@ class BucketPoller:
 
         await asyncio.gather(*(one(read) for read in reads))
 
-    async def _read_urgent(self) -> None:
-        """Read by id what the change feed told of above the default priority
-        that a full view hides: it joins the work in hand, and a round takes
-        the higher priority first. One targeted read each (a few: priority
-        is for the urgent minority of the work)."""
-        ids, self._urgent = sorted(self._urgent), set()
+    async def _read_urgent(self, now: datetime) -> None:
+        """The schedules above the default priority due by ``now`` that a
+        full view hides join the work in hand (a round takes the higher
+        priority first): the document this node stored, else read by id,
+        one targeted read each (a few: priority is for the urgent minority
+        of the work). One a view holds, or would read, goes as it is."""
+        hidden = [u for u in self._urgent.due(now) if self.book.hides(u.bucket, u.due_at)]
+        for urgent in hidden:
+            if urgent.doc is not None:
+                self.book.urgent(urgent.doc)
+        ids = [u.schedule_id for u in hidden if u.doc is None]
+        if not ids:
+            return
         gate = asyncio.Semaphore(CONCURRENT_READS)
 
         async def one(schedule_id: str) -> dict[str, Any] | None:
@@ -500,7 +506,8 @@ class BucketPoller:
         try:
             found = await asyncio.gather(*(one(schedule_id) for schedule_id in ids))
         except Exception:
-            self._urgent.update(ids)
+            for urgent in hidden:
+                self._urgent.told(urgent)
             raise
         for doc in found:
             if doc is not None and doc.get("status") == Status.PENDING.value:
