@@ -144,3 +144,23 @@ def test_the_watch_keeps_a_bounded_number_and_gives_each_once_when_due() -> None
     assert [u.schedule_id for u in watch.due(START + timedelta(seconds=2))] == ["u1"]
     assert watch.due(START + timedelta(seconds=2)) == []
     assert watch.next_due() == START + timedelta(seconds=5)
+
+
+async def test_a_hosts_bound_takes_its_urgent_call_first(
+    time: VirtualTime, schedules: MemorySchedules
+) -> None:
+    """A host at HTTP_MAX_PER_HOST takes a few calls a round: the urgent one
+    among them, not the earliest low ones round after round."""
+    node = Owner("a", time, schedules, MemoryLeases("", time.wall), http_per_host=4)
+    await node.take([0])
+    for n in range(30):  # the view holds them all (and the urgent one)
+        new = schedule(f"low-{n:02}", time.at(0.0), time.wall(), http={"url": "https://a.example/x"},
+                       priority=0)  # fmt: skip
+        await schedules.insert(new, time.wall())
+    urgent = schedule("urgent", time.at(0.001), time.wall(), http={"url": "https://a.example/x"},
+                      priority=9)  # fmt: skip
+    await schedules.insert(urgent, time.wall())
+    time.advance(0.01)
+    await node.round()
+    first = [call.header("schedule-id") for call in node.receiver.calls]
+    assert len(first) == 4 and "urgent" in first

@@ -515,8 +515,8 @@ class DueBook:
         return (
             view is not None
             and view.full
-            and bool(view.docs)
-            and (due_at is None or due_at > _due(view.docs[-1]))
+            # Emptied by the rounds since its read: a backlog still behind it.
+            and (not view.docs or due_at is None or due_at > _due(view.docs[-1]))
         )
 
     def urgent(self, doc: Doc) -> None:

@@ -64,7 +64,7 @@ from node.config import NodeConfig
 from node.delivery.claim_window import ClaimWindow
 from node.delivery.due_book import DueBook, Read
 from node.delivery.due_feed import DueFeed
-from node.delivery.fairness import fair_share, next_window
+from node.delivery.fairness import by_turn, fair_share, next_window
 from node.delivery.flow_gate import FlowGate, flow_key
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
@@ -568,10 +568,11 @@ class BucketPoller:
             # measure what fairness buys): nothing past what the book holds
             # of every bucket, or a later schedule would pass an earlier one
             # still unread behind a full view.
-            takeable = self._takeable(self.book.in_order(pool), kafka)
+            # The higher priority first (equal ones as they were, oldest
+            # first), before a host's bound takes the first few of its calls.
+            in_order = sorted(self.book.in_order(pool), key=lambda doc: -priority_of(doc))
+            takeable = self._takeable(in_order, kafka)
             self._more_in_hand = len(takeable) > size
-            # The higher priority first; equal ones as they were, oldest first.
-            takeable.sort(key=lambda doc: -priority_of(doc))
             return takeable[:size]
         hiding = self.book.hiding(now)
         # In a fixed order: a window of them per round, each after the last.
@@ -589,7 +590,11 @@ class BucketPoller:
                 seen = {d["_id"] for d in pool}
                 extra = await self.store.oldest_due_of(others, now, hiding, size)
                 pool += [d for d in extra if d["_id"] not in seen]
-        takeable = self._takeable(pool, kafka)
+        # The higher priority first, then the oldest, before a host's bound
+        # or a flow key's room takes the first few of their work (in due
+        # order, a host at its bound took the earliest low ones, round
+        # after round, and an urgent call waited for the whole backlog).
+        takeable = self._takeable(sorted(pool, key=by_turn), kafka)
         self._more_in_hand = len(takeable) > size
         return fair_share(takeable, size)
 
