@@ -69,6 +69,7 @@ def _figures(result: dict[str, Any]) -> list[str]:
     return [
         _verb_line(result),
         *receiver_lines(result),
+        *flow_lines(result),
         *_broker_reuse_lines(result),
         *_duplicate_lines(result),
         f"network: {result['network']}; auth {'on' if result.get('auth') else 'off'}, "
@@ -168,11 +169,20 @@ def receiver_lines(result: dict[str, Any]) -> list[str]:
         f"status: {answers}; requests taken by attempt {attempts}; "
         f"{result['receiver_refused']} units refused for good; "
         f"signatures that did not hold {bad}{shown}; requests naming no schedule "
-        f"{result['receiver_unnamed']}",
+        f"{result['receiver_unnamed']}"
+    ]
+
+
+def flow_lines(result: dict[str, Any]) -> list[str]:
+    """The flow-limited key's calls as the receiver saw them (a run with an
+    http share only)."""
+    if "receiver_answers" not in result:
+        return []
+    return [
         f"flow control: {result.get('flow_limited_arrivals', 0)} calls of the limited key, "
         f"at most {result.get('flow_most_in_a_period', 0)} in a second (allowed "
         f"{result.get('flow_allowed_in_a_period', '-')}), "
-        f"{result.get('over_flow_rate', 0)} past the limit",
+        f"{result.get('over_flow_rate', 0)} past the limit"
     ]
 
 
