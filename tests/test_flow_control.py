@@ -374,3 +374,31 @@ async def test_three_owners_never_have_more_calls_out_than_a_keys_parallelism(
     assert sorted(c.header("schedule-id") for n in owners for c in n.receiver.delivered) == [
         f"k{i:02}" for i in range(30)
     ]
+
+
+async def test_a_start_whose_slice_passed_while_other_work_went_is_not_claimed(
+    time: VirtualTime, schedules: MemorySchedules, buckets: int
+) -> None:
+    """A batch of work of no key and a key's work: the key's admission runs
+    beside the other's claim and publish; if those outlast its slice, its
+    work is not claimed at all (a claim and a put-back would be two writes
+    for nothing) and stays due for a later slice."""
+    flow = MemoryFlow("", time.wall)
+    node = Owner("a", time, schedules, MemoryLeases("", time.wall), batch_size=50, flow=flow)
+    await node.take(range(buckets))
+    for i in range(3):
+        await schedules.insert(schedule(f"free{i}", time.wall(), time.wall()), time.wall())
+    await schedules.insert(
+        schedule("k0", time.wall(), time.wall(), flowControl={"key": "k", "rate": 10}), time.wall()
+    )
+
+    async def slow_broker(_records: Any) -> None:
+        time.advance(0.5)  # the publish of the free ones outlasts a 100 ms slice
+
+    node.publisher.during = slow_broker
+    await node.round()
+    assert {header(r, "schedule-id") for r in node.publisher.records} == {"free0", "free1", "free2"}
+    assert node.count("abandoned") == 0
+    assert (await schedules.get("k0") or {})["status"] == "PENDING"
+    await node.run(1.0)
+    assert "k0" in {header(r, "schedule-id") for r in node.publisher.records}
