@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -122,9 +122,6 @@ class FlowGate:
             most = min(most, rate_slice(str(doc.get("tenant")), flow, now).capacity)
         return max(0, most)
 
-    def limited(self, batch: Iterable[Doc]) -> bool:
-        return any(flow_key(d) is not None for d in batch)
-
     # -- the asks of a batch, and what they granted ------------------------------
 
     def asks(self, batch: Sequence[Doc], monotonic: float) -> Asks:
@@ -145,17 +142,13 @@ class FlowGate:
                 continue
             free = len(state.held) - len(state.using)
             wanted = (
-                name in due
-                and free < len(due[name])
-                and len(state.held) < len(slot_ids(state.tenant, state.flow))
+                name in due and free < len(due[name]) and len(state.held) < state.flow.parallelism
             )
             aging = bool(state.held) and monotonic - state.renewed_at > self.slot_term / 2
             if wanted or aging:
-                slots.append(SlotWant(state.tenant, state.flow.key, tuple(self._slots(state))))
+                ids = tuple(slot_ids(state.tenant, state.flow))
+                slots.append(SlotWant(state.tenant, state.flow.key, ids))
         return Asks(slots, {k: sorted(v, key=lambda d: d["dueAt"]) for k, v in due.items()})
-
-    def _slots(self, state: _Key) -> list[str]:
-        return slot_ids(state.tenant, state.flow)
 
     def held(self, asks: Asks, taken: Collection[str], monotonic: float) -> None:
         """The slots the store says this node holds now, of those asked."""

@@ -189,9 +189,5 @@ class FlowStore:
         if slots:
             await self.slots.delete_many({"_id": {"$in": list(slots)}, "holder": self.holder})
 
-    async def held(self) -> list[dict[str, Any]]:
-        """Every slot document (for tests and the operator's eye)."""
-        return await self.slots.find({}).to_list()
-
 
 __all__ = ["KEEP_SPENT", "SLOT_TERM", "FlowStore", "granted"]
