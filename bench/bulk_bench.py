@@ -23,9 +23,10 @@ when, not its CPU):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -119,6 +120,46 @@ class Api:
                 await asyncio.sleep(AGAIN)  # busy, or what is left is in flight
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Callable[[web.Request], Awaitable[web.Response]], hosts: tuple[str, ...] = (HOST,)
+) -> AsyncIterator[list[str]]:
+    """``handler`` answering every path in this process, on a free port of
+    each of ``hosts``; yields their base URLs, in that order."""
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        for host in hosts:
+            await web.TCPSite(runner, host, 0).start()
+        ports = [address[1] for address in runner.addresses]
+        yield [f"http://{host}:{port}" for host, port in zip(hosts, ports, strict=True)]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def http_cluster(
+    prefix: str, nodes: int, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[Api, Scheduler]]:
+    """``nodes`` node processes on the embedded stack that may call the
+    loopback (their signing secret a fresh one), settled; yields their API
+    and the system (to kill a node)."""
+    system = Scheduler(
+        env={"HTTP_TARGETS_ALLOW": LOOPBACK, "HTTP_SIGNING_SECRET": new_secret(), **(env or {})}
+    )
+    with embedded_servers(f"bench-{prefix}-") as servers:
+        await system.start(servers, prefix, nodes)
+        try:
+            assert system.cluster is not None
+            urls = [node.url for node in system.cluster.nodes.values()]
+            async with aiohttp.ClientSession() as session:
+                yield Api(session, urls), system
+        finally:
+            system.stop()
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> float:
     """Seconds until ``check`` holds (WITHIN at most)."""
     started = time.monotonic()
@@ -200,29 +241,15 @@ async def pause_race(api: Api, receiver: Receiver, url: str, count: int) -> dict
 
 async def run(plan: Plan) -> dict[str, Any]:
     receiver = Receiver()
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", receiver.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, HOST, 0).start()
-    url = f"http://{HOST}:{runner.addresses[0][1]}/hook"
-    system = Scheduler(env={"HTTP_TARGETS_ALLOW": LOOPBACK, "HTTP_SIGNING_SECRET": new_secret()})
-    try:
-        with embedded_servers("bench-bulk-") as servers:
-            await system.start(servers, "bulk", plan.nodes)
-            try:
-                assert system.cluster is not None
-                urls = [node.url for node in system.cluster.nodes.values()]
-                async with aiohttp.ClientSession() as session:
-                    api = Api(session, urls)
-                    print(f"  redrive of {plan.count} ...", flush=True)
-                    redriven = await redrive(api, receiver, url, plan.count)
-                    print(f"  pause racing the pollers over {plan.count} ...", flush=True)
-                    raced = await pause_race(api, receiver, url, plan.count)
-            finally:
-                system.stop()
-    finally:
-        await runner.cleanup()
+    async with (
+        serving(receiver.handle) as [base],
+        http_cluster("bulk", plan.nodes) as (api, _),
+    ):
+        url = f"{base}/hook"
+        print(f"  redrive of {plan.count} ...", flush=True)
+        redriven = await redrive(api, receiver, url, plan.count)
+        print(f"  pause racing the pollers over {plan.count} ...", flush=True)
+        raced = await pause_race(api, receiver, url, plan.count)
     return {
         "suite": "bulk",
         "when": iso(datetime.now(UTC)),

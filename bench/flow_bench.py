@@ -30,13 +30,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from bench.bulk_bench import Api, twice, until
-from bench.stack import HOST, LOOPBACK, embedded_servers, iso
+from bench.bulk_bench import Api, http_cluster, serving, twice, until
+from bench.stack import HOST, iso
 from bench.systems import Scheduler
-from node.schedule.webhook import new_secret
 from ring import bucket_for
 
 
@@ -189,44 +187,20 @@ async def crash(wave: Wave, system: Scheduler) -> dict[str, Any]:
 
 async def run(plan: Plan) -> dict[str, Any]:
     receiver = Receiver(service=plan.service_ms / 1000)
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", receiver.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
     # The limited key's service and the others' on two hosts (two loopback
     # addresses): a host's own bound (HTTP_MAX_PER_HOST calls at once) is
     # shared by whatever calls it, which is not what flow control is about.
-    await web.TCPSite(runner, HOST, 0).start()
-    await web.TCPSite(runner, OTHER_HOST, 0).start()
-    bases = (
-        f"http://{HOST}:{runner.addresses[0][1]}",
-        f"http://{OTHER_HOST}:{runner.addresses[1][1]}",
-    )
-    system = Scheduler(
-        env={
-            "HTTP_TARGETS_ALLOW": LOOPBACK,
-            "HTTP_SIGNING_SECRET": new_secret(),
-            "BUCKETS": str(plan.buckets),
-        }
-    )
-    try:
-        with embedded_servers("bench-flow-") as servers:
-            await system.start(servers, "flow", plan.nodes)
-            try:
-                assert system.cluster is not None
-                urls = [node.url for node in system.cluster.nodes.values()]
-                async with aiohttp.ClientSession() as session:
-                    wave = Wave(Api(session, urls), receiver, bases, plan)
-                    print(f"  {plan.free} of no key alone ...", flush=True)
-                    baseline = await alone(wave)
-                    print(f"  {plan.count} limited beside {plan.free} free ...", flush=True)
-                    mixed = await beside(wave)
-                    print(f"  {plan.count} limited, a node killed halfway ...", flush=True)
-                    crashed = await crash(wave, system)
-            finally:
-                system.stop()
-    finally:
-        await runner.cleanup()
+    async with (
+        serving(receiver.handle, (HOST, OTHER_HOST)) as [limited_base, free_base],
+        http_cluster("flow", plan.nodes, {"BUCKETS": str(plan.buckets)}) as (api, system),
+    ):
+        wave = Wave(api, receiver, (limited_base, free_base), plan)
+        print(f"  {plan.free} of no key alone ...", flush=True)
+        baseline = await alone(wave)
+        print(f"  {plan.count} limited beside {plan.free} free ...", flush=True)
+        mixed = await beside(wave)
+        print(f"  {plan.count} limited, a node killed halfway ...", flush=True)
+        crashed = await crash(wave, system)
     return {
         "suite": "flow",
         "when": iso(datetime.now(UTC)),

@@ -15,13 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from bench.bulk_bench import Api, until
-from bench.stack import HOST, LOOPBACK, embedded_servers, iso
-from bench.systems import Scheduler
-from node.schedule.webhook import new_secret
+from bench.bulk_bench import http_cluster, serving, until
+from bench.stack import iso
 
 
 @dataclass(frozen=True)
@@ -49,36 +46,21 @@ class Receiver:
 
 async def run(plan: Plan) -> dict[str, Any]:
     receiver = Receiver()
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", receiver.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, HOST, 0).start()
-    url = f"http://{HOST}:{runner.addresses[0][1]}/hook"
-    system = Scheduler(env={"HTTP_TARGETS_ALLOW": LOOPBACK, "HTTP_SIGNING_SECRET": new_secret()})
-    try:
-        with embedded_servers("bench-priority-") as servers:
-            await system.start(servers, "priority", plan.nodes)
-            try:
-                assert system.cluster is not None
-                urls = [node.url for node in system.cluster.nodes.values()]
-                async with aiohttp.ClientSession() as session:
-                    api = Api(session, urls)
-                    due = datetime.now(UTC) + timedelta(seconds=LEAD + plan.lows / 1000)
-                    print(f"  {plan.lows} low, then {plan.highs} high, due at once ...", flush=True)
-                    await api.create("low", plan.lows, url, due, priority=0)
-                    await api.create("high", plan.highs, url, due + timedelta(milliseconds=500),
-                                     priority=9)  # fmt: skip
-                    stored_at = time.time()
+    async with (
+        serving(receiver.handle) as [base],
+        http_cluster("priority", plan.nodes) as (api, _),
+    ):
+        url = f"{base}/hook"
+        due = datetime.now(UTC) + timedelta(seconds=LEAD + plan.lows / 1000)
+        print(f"  {plan.lows} low, then {plan.highs} high, due at once ...", flush=True)
+        await api.create("low", plan.lows, url, due, priority=0)
+        await api.create("high", plan.highs, url, due + timedelta(milliseconds=500), priority=9)
+        stored_at = time.time()
 
-                    async def all_in() -> bool:
-                        return len(set(receiver.arrivals)) >= plan.lows + plan.highs
+        async def all_in() -> bool:
+            return len(set(receiver.arrivals)) >= plan.lows + plan.highs
 
-                    await until(all_in, "every schedule delivered")
-            finally:
-                system.stop()
-    finally:
-        await runner.cleanup()
+        await until(all_in, "every schedule delivered")
     return {
         "suite": "priority",
         "when": iso(datetime.now(UTC)),
