@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node.delivery.flow_gate import SHUT_FIRST, FlowGate
-from node.errors import ValidationFailed
+from node.errors import StoreUnavailable, ValidationFailed
 from node.schedule.flow import (
     MAX_KEY_LENGTH,
     FlowControl,
@@ -402,3 +402,24 @@ async def test_a_start_whose_slice_passed_while_other_work_went_is_not_claimed(
     assert (await schedules.get("k0") or {})["status"] == "PENDING"
     await node.run(1.0)
     assert "k0" in {header(r, "schedule-id") for r in node.publisher.records}
+
+
+@pytest.mark.parametrize("method", ["hold", "reserve"])
+async def test_a_flow_store_failing_mid_round_claims_nothing_and_the_next_round_goes(
+    time: VirtualTime, schedules: MemorySchedules, buckets: int, method: str
+) -> None:
+    """The store fails (or its answer is lost) while a round asks for a
+    key's slots or rate: nothing of the key is claimed then, nothing is
+    lost, and a later round delivers it within the limit."""
+    flow = MemoryFlow("", time.wall)
+    node = Owner("a", time, schedules, MemoryLeases("", time.wall), flow=flow)
+    await node.take(range(buckets))
+    limit = {"key": "k", "rate": 10, "parallelism": 1}
+    await schedules.insert(schedule("k0", time.wall(), time.wall(), flowControl=limit), time.wall())
+    node.poller.flow.fail(method, applied=True)  # type: ignore[union-attr]
+    with pytest.raises(StoreUnavailable):
+        await node.round()
+    assert node.publisher.records == []
+    assert (await schedules.get("k0") or {})["status"] == "PENDING"
+    await node.run(1.0)
+    assert [header(r, "schedule-id") for r in node.publisher.records] == ["k0"]
