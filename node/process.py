@@ -60,7 +60,7 @@ from node.tenants.quotas import PendingQuota
 from node.tenants.reads import TenantReads
 from ring import PLACEMENT_VERSION, parse_version
 
-log = structlog.get_logger("node.process")
+log = structlog.get_logger(__name__)
 
 STARTUP_RETRY_MAX = 5.0  # seconds between attempts to reach the store or broker
 STOP_GRACE = 10.0

@@ -26,7 +26,7 @@ import structlog
 
 from node.schedule.times import aware, utcnow
 
-log = structlog.get_logger("node.clock")
+log = structlog.get_logger(__name__)
 
 # How often the store's clock is read (at least), and how many readings are weighed.
 READ_EVERY = 5.0

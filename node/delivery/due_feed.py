@@ -26,7 +26,7 @@ import structlog
 from node.errors import ChangesUnsupported, SchedulerError
 from node.store.contract import DueChange, Schedules
 
-log = structlog.get_logger("node.due_feed")
+log = structlog.get_logger(__name__)
 
 # After the feed fails to open or breaks: the wait before opening it again,
 # doubling from the first to the last (seconds). Meanwhile the owners poll.

@@ -34,7 +34,7 @@ from node.errors import Unauthorized
 from node.metrics import NodeMetrics
 from node.schedule.times import format_time, parse_time, utcnow
 
-log = structlog.get_logger("node.hints")
+log = structlog.get_logger(__name__)
 
 HINT_TIMEOUT = 1.0
 MAX_IN_FLIGHT = 64  # beyond this, hints are dropped: the look-ahead covers them

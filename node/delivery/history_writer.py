@@ -18,7 +18,7 @@ from node.errors import StoreUnavailable
 from node.metrics import NodeMetrics
 from node.store.contract import Attempt, AttemptHistory
 
-log = structlog.get_logger("node.history")
+log = structlog.get_logger(__name__)
 
 QUEUE_LIMIT = 100_000  # records waiting to be written; past it, new ones are dropped
 WRITE_BATCH = 1000

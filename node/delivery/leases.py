@@ -41,7 +41,7 @@ import structlog
 
 from node.store.contract import BucketLeases
 
-log = structlog.get_logger("node.leases")
+log = structlog.get_logger(__name__)
 
 # The term is at least this many times the slowest recent round trip: a renew
 # that slow still lands before the deadline (term - margin - renew interval).

@@ -35,7 +35,7 @@ from node.errors import SchedulerError
 from node.metrics import NodeMetrics
 from ring import PLACEMENT_VERSION, in_use, owned_by, place
 
-log = structlog.get_logger("node.ownership")
+log = structlog.get_logger(__name__)
 
 RETRY_INTERVAL = 0.25  # while a wanted bucket is still held elsewhere
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-log = structlog.get_logger("node.stalls")
+log = structlog.get_logger(__name__)
 
 TICK = 0.1
 # Gaps shorter than this are scheduling jitter on a busy machine, not a stall:

@@ -29,7 +29,7 @@ from node.delivery.sink import Failed, Trouble
 from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
 
-log = structlog.get_logger("node.publisher")
+log = structlog.get_logger(__name__)
 
 
 def _broker(error: str) -> Failed:
