@@ -661,6 +661,16 @@ SETTINGS: tuple[Setting, ...] = (
         help="least severe level logged",
     ),
     Setting(
+        attr="access_log",
+        env="ACCESS_LOG",
+        flag="--access-log",
+        default="on",
+        parse=_parse_choice("on", "all", "off"),
+        help="one log line per API call (method, route, status, duration, bytes, tenant, "
+        "request id, remote): `on` for every call but probes, /metrics and the nodes' own "
+        "wake-ups; `all` for those too; `off` for none",
+    ),
+    Setting(
         attr="chaos_mode",
         env="CHAOS_MODE",
         flag="--chaos-mode",
@@ -732,6 +742,7 @@ class NodeConfig:
     http_outage_bound: float = 86400.0
     log_format: str
     log_level: str
+    access_log: str = "on"
     chaos_mode: str = "off"
     chaos_clock_skew: float = 0.0
 

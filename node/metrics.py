@@ -99,6 +99,14 @@ class NodeMetrics:
             ["route", "method", "status"],
             registry=r,
         )
+        self.http_seconds = Histogram(
+            "scheduler_http_request_duration_seconds",
+            "Time to answer an API call, by route template and method (an answer's time "
+            "in this node: the network and a queue before it are not in it)",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.schedules_created = Counter(
             "scheduler_schedules_created_total", "Schedules accepted with 201", registry=r
         )

@@ -7,6 +7,7 @@ a valid OpenAPI document.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from node.api.auth import ADMIN_PREFIXES, OPEN_ROUTES
@@ -26,6 +27,7 @@ from node.schedule.model import (
     Status,
 )
 from node.schedule.parse import MAX_DEPTH, MAX_EXPIRE_AFTER
+from node.schedule.trace import MAX_REQUEST_ID, REQUEST_ID_HEADER, TRACEPARENT_HEADER
 
 ERROR_CODES = (
     "invalid_request",  # 400: the message says what, "field" which
@@ -376,18 +378,23 @@ SCHEMAS: dict[str, Any] = {
             "node": {"type": "string"},
             "token": {"type": "integer", "description": "the lease's fencing token"},
             "error": {"type": ["string", "null"]},
+            "requestId": {
+                "type": ["string", "null"],
+                "description": "the request id of the call that made or last changed the "
+                "schedule, as this attempt carried it",
+            },
         },
     },
     "HttpTarget": {
         "type": "object",
         "description": "Deliver by an HTTP request instead of a Kafka record: the payload "
         "as the body, the scheduler's headers (schedule-id, execute-at, fence-token, "
-        "attempt, tenant, content-type) and Standard Webhooks signing (webhook-id, "
-        "webhook-timestamp, webhook-signature; fence-signature over the fence header "
-        "set). 2xx is delivered; 429 or 503 with Retry-After waits without spending an "
-        "attempt; 408, 425, 429, 5xx, connection errors and timeouts retry; other 4xx "
-        "fail at once. Redirects are not followed. The URL may not reach loopback, "
-        "private, link-local or other non-public addresses unless HTTP_TARGETS_ALLOW "
+        "attempt, tenant, content-type, x-request-id, traceparent) and Standard Webhooks "
+        "signing (webhook-id, webhook-timestamp, webhook-signature; fence-signature over "
+        "the fence header set). 2xx is delivered; 429 or 503 with Retry-After waits "
+        "without spending an attempt; 408, 425, 429, 5xx, connection errors and timeouts "
+        "retry; other 4xx fail at once. Redirects are not followed. The URL may not reach "
+        "loopback, private, link-local or other non-public addresses unless HTTP_TARGETS_ALLOW "
         "names the range (checked here on what the URL shows, and on the resolved "
         "address at every attempt).",
         "required": ["url"],
@@ -584,6 +591,15 @@ SCHEMAS: dict[str, Any] = {
             "key": {"type": ["string", "null"]},
             "headers": {"type": "object", "additionalProperties": {"type": "string"}},
             "createdAt": {"type": ["string", "null"], "format": "date-time"},
+            "requestId": {
+                "type": "string",
+                "description": "the request id of the call that made or last changed it "
+                "(X-Request-ID): every delivery carries it",
+            },
+            "traceparent": {
+                "type": "string",
+                "description": "the W3C traceparent that call gave: every delivery carries it",
+            },
             "payload": {"description": "absent from a listing's basic view"},
             "payloadBase64": {"type": "string", "description": "likewise"},
             "payloadBytes": {"type": "integer", "description": "the payload's size"},
@@ -1115,6 +1131,51 @@ PATHS: dict[str, Any] = {
 }
 
 
+_REQUEST_ID = {
+    "name": REQUEST_ID_HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": f"^[\\x21-\\x7e]{{1,{MAX_REQUEST_ID}}}$"},
+    "description": "the caller's id for this call (visible ASCII, no spaces): echoed in the "
+    "answer, on every log line of the call, and stored by a create or PATCH so each "
+    "delivery carries it (Kafka header request-id, HTTP header x-request-id). Absent: "
+    "the traceparent's trace id, else one made here. Malformed: a 400 with field "
+    "X-Request-ID.",
+}
+_TRACEPARENT = {
+    "name": TRACEPARENT_HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "W3C Trace Context: stored by a create or PATCH and passed on with each "
+    "delivery (Kafka and HTTP header traceparent). A malformed one is ignored.",
+}
+_ECHOED = {
+    REQUEST_ID_HEADER: {
+        "description": "the call's request id (the caller's, else made here)",
+        "schema": {"type": "string"},
+    }
+}
+
+
+def _traced(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every operation takes a request id and a traceparent, may refuse a
+    malformed request id, and echoes the id in every answer."""
+    for item in paths.values():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            operation["parameters"] = [*operation.get("parameters", []), _REQUEST_ID, _TRACEPARENT]
+            responses = operation["responses"]
+            responses.setdefault(
+                "400", _error("A malformed X-Request-ID (invalid_request, field X-Request-ID)")
+            )
+            for answer in responses.values():
+                if "$ref" not in answer:
+                    answer["headers"] = {**answer.get("headers", {}), **_ECHOED}
+    return paths
+
+
 def _secure(paths: dict[str, Any]) -> dict[str, Any]:
     """Mark each operation with who may call it (node/auth.py decides)."""
     for path, item in paths.items():
@@ -1148,7 +1209,7 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "server's plain-text 400. JSON bodies must be UTF-8, hold no lone surrogate "
             f"and nest at most {MAX_DEPTH} levels (400).",
         },
-        "paths": _secure(PATHS),
+        "paths": _traced(_secure(copy.deepcopy(PATHS))),
         # Auth on (`python -m node run`'s default): a tenant's API key.
         "security": [{"apiKey": []}],
         "components": {

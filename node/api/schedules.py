@@ -26,6 +26,7 @@ from node.api.auth import CALLER, Caller
 from node.api.context import CONTEXT, ApiContext, json_response
 from node.api.counting import ListingCounts
 from node.api.inputs import no_body, page_size, read_body, read_json, unknown_parameters
+from node.api.observe import trace_of
 from node.api.views import delivered_record, public_record, public_view
 from node.errors import (
     ScheduleNotFound,
@@ -58,10 +59,11 @@ from node.schedule.parse import (
     validate_topic,
 )
 from node.schedule.times import aware, format_time, parse_time
+from node.schedule.trace import RequestTrace
 from node.store.contract import BULK_LIMIT
 from node.store.listing import Cursor, Listing, Selector
 
-log = structlog.get_logger("node.api.schedules")
+log = structlog.get_logger(__name__)
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -115,6 +117,7 @@ async def create_schedule(request: web.Request) -> web.Response:
     body = await read_body(request, body_limit(context.config.max_payload_bytes))
     now = context.now()
     new = parse_new_schedule(body, context.limits, now, _caller(request).scope)
+    new = dataclasses.replace(new, trace=trace_of(request))
     [refused] = await context.admission.check([new])
     if refused is not None:
         raise refused
@@ -135,7 +138,7 @@ async def create_batch(request: web.Request) -> web.Response:
     now = context.now()
     scope = _caller(request).scope
     results: list[dict[str, Any]] = [{} for _ in items]
-    parsed = await _parse_items(items, context, now, scope, results)
+    parsed = await _parse_items(items, context, now, scope, results, trace_of(request))
     admitted = await _admit(context, parsed, results)
     await _insert_items(context, admitted, now, results, request.path)
     counts = Counter(r["status"] for r in results)
@@ -167,9 +170,10 @@ async def _parse_items(
     now: datetime,
     scope: Callable[[str | None], str],
     results: list[dict[str, Any]],
+    trace: RequestTrace,
 ) -> list[tuple[int, NewSchedule]]:
-    """The items that are valid schedules, by index; the others' refusals go
-    in ``results``."""
+    """The items that are valid schedules, by index (each carrying the
+    call's request id); the others' refusals go in ``results``."""
     parsed: list[tuple[int, NewSchedule]] = []
     for index, item in enumerate(items):
         if index and not index % YIELD_EVERY:
@@ -177,7 +181,8 @@ async def _parse_items(
             # run in between (renewals, probes and other calls wait on it).
             await asyncio.sleep(0)
         try:
-            parsed.append((index, parse_schedule_object(item, context.limits, now, scope)))
+            new = parse_schedule_object(item, context.limits, now, scope)
+            parsed.append((index, dataclasses.replace(new, trace=trace)))
         except SchedulerError as exc:
             results[index] = _refused(index, exc)
     return parsed
@@ -354,8 +359,12 @@ async def change_schedule(request: web.Request) -> web.Response:
         refusal = await context.admission.new_destination(tenant, request_patch.topic, url)
         if refusal is not None:
             raise refusal
+    trace = trace_of(request)
     return await _change(
-        request, "changed", lambda doc, at: changes.patch(doc, request_patch, at), now
+        request,
+        "changed",
+        lambda doc, at: changes.traced(changes.patch(doc, request_patch, at), trace),
+        now,
     )
 
 

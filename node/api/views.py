@@ -16,6 +16,7 @@ from node.schedule.payload import SIZE, payload_of, payload_size
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import RetryPolicy
 from node.schedule.times import format_duration, format_time
+from node.schedule.trace import REQUEST_ID_FIELD, TRACEPARENT_FIELD
 
 
 def _recurrence_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +70,9 @@ def public_view(doc: dict[str, Any], *, with_payload: bool = True) -> dict[str, 
     if doc.get("expireAfterMs") is not None:
         view["expireAfter"] = format_duration(timedelta(milliseconds=doc["expireAfterMs"]))
         view["deadline"] = format_time(doc.get("deadline"))
+    for name in (REQUEST_ID_FIELD, TRACEPARENT_FIELD):  # the call that made or last changed it
+        if doc.get(name) is not None:
+            view[name] = doc[name]
     for name in ("pausedAt", "cancelledAt", "expiredAt", "triggeredAt"):
         if doc.get(name) is not None:
             view[name] = format_time(doc[name])
@@ -116,6 +120,7 @@ def delivered_record(doc: dict[str, Any]) -> dict[str, Any] | None:
         "node": doc.get("owner"),
         "token": doc.get("token", 0),
         "error": error,
+        "requestId": doc.get(REQUEST_ID_FIELD),
     }
 
 
@@ -128,4 +133,5 @@ def public_record(doc: dict[str, Any]) -> dict[str, Any]:
         "node": doc["node"],
         "token": doc["token"],
         "error": doc.get("error"),
+        "requestId": doc.get(REQUEST_ID_FIELD),
     }

@@ -82,6 +82,7 @@ from node.schedule.model import DEFAULT_PRIORITY, Status, priority_of
 from node.schedule.payload import LARGE, needs_fetch, payload_size
 from node.schedule.record import Record, build_record
 from node.schedule.times import aware, utcnow
+from node.schedule.trace import REQUEST_ID_FIELD
 from node.schedule.webhook import HttpCall, build_call
 from node.store.contract import (
     MAX_TENANTS_PER_ROUND,
@@ -95,7 +96,7 @@ from node.store.contract import (
 )
 from node.store.flow import SLOT_TERM
 
-log = structlog.get_logger("node.poller")
+log = structlog.get_logger(__name__)
 
 # Schedules held in the book at once, as batches: a backlog is read this
 # many batches at a time, not whole into memory.
@@ -964,7 +965,7 @@ class BucketPoller:
             for c in delivered:
                 lateness = max((done_at - c.execute_at).total_seconds(), 0.0)
                 self.metrics.lateness.observe(lateness)
-                log.debug("schedule delivered", **_about(c), lateness_s=round(lateness, 4))
+                log.info("schedule delivered", **_about(c), lateness_s=round(lateness, 4))
         if decided.failed:
             self._failed(decided.failed)
         if decided.deferred:
@@ -1199,6 +1200,7 @@ class BucketPoller:
                     outcome=outcome.value,
                     error=error,
                     life=aware(c.doc["createdAt"]) if c.doc.get("createdAt") else None,
+                    request_id=c.doc.get(REQUEST_ID_FIELD),
                 )
                 for c in claimed
             ]
@@ -1316,6 +1318,7 @@ def _about(claimed: Claimed) -> dict[str, Any]:
         "bucket": claimed.bucket,
         "token": claimed.token,
         "attempt": claimed.attempt,
+        "request_id": claimed.doc.get(REQUEST_ID_FIELD),
     }
 
 

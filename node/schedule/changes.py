@@ -13,7 +13,7 @@ verb's write then matches nothing and is judged again on what is stored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +22,7 @@ from node.schedule.model import CHANGEABLE, DEFAULT_PRIORITY, Status, label_pair
 from node.schedule.parse import Patch, headers_on_http
 from node.schedule.payload import payload_fields
 from node.schedule.times import aware
+from node.schedule.trace import TRACEPARENT_FIELD, RequestTrace
 
 _MS = timedelta(milliseconds=1)
 
@@ -39,6 +40,15 @@ class Change:
     def status(self) -> Status | None:
         value = self.set.get("status")
         return None if value is None else Status(value)
+
+
+def traced(change: Change | None, trace: RequestTrace) -> Change | None:
+    """``change`` stamped with the request id (and traceparent) of the call
+    that made it: the schedule's deliveries then carry the latest call's."""
+    if change is None:
+        return None
+    unset = change.unset if trace.traceparent else change.unset | {TRACEPARENT_FIELD}
+    return replace(change, set={**change.set, **trace.fields()}, unset=unset)
 
 
 def version_of(doc: dict[str, Any]) -> int:

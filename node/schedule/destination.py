@@ -20,6 +20,7 @@ from typing import Any
 from node.errors import ValidationFailed
 from node.schedule.egress import EgressPolicy, check_url
 from node.schedule.times import format_duration, parse_duration
+from node.schedule.trace import TRACE_HEADERS
 
 # The signed header set, in the order its values are signed.
 FENCE_SIGNED = ("schedule-id", "execute-at", "fence-token", "attempt", "tenant")
@@ -32,6 +33,7 @@ SCHEDULER_HEADERS = frozenset(
         "webhook-signature",
         "fence-signature",
         "content-type",
+        *TRACE_HEADERS,
     }
 )
 METHODS = ("POST", "PUT", "PATCH")

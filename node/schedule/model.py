@@ -22,6 +22,7 @@ from node.schedule.egress import EgressPolicy
 from node.schedule.flow import FlowControl
 from node.schedule.recurrence import Recurrence
 from node.schedule.retry import DEFAULT_POLICY, RetryPolicy
+from node.schedule.trace import TRACE_HEADERS, RequestTrace
 
 
 class Status(enum.StrEnum):
@@ -41,7 +42,9 @@ FINAL = frozenset({Status.DELIVERED, Status.DELIVERY_FAILED, Status.CANCELLED, S
 
 
 # Headers the scheduler sets on every record; a caller may not forge them.
-RESERVED_HEADERS = frozenset({"schedule-id", "execute-at", "fence-token", "tenant", "attempt"})
+RESERVED_HEADERS = frozenset(
+    {"schedule-id", "execute-at", "fence-token", "tenant", "attempt", *TRACE_HEADERS}
+)
 
 # The patterns are written as JSON Schema (ECMA 262) reads them, for the
 # OpenAPI document; in Python, use them with ``fullmatch`` (the helpers below):
@@ -121,6 +124,9 @@ class NewSchedule:
     # control: stored as its limit, but no part of the request (a repeat
     # after the default changed is still the same request).
     tenant_flow: FlowControl | None = None
+    # The call's request id (and traceparent): stored, carried by every
+    # delivery, no part of the request (a retried POST has another id).
+    trace: RequestTrace | None = None
 
     @property
     def destination(self) -> str:

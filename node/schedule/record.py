@@ -2,7 +2,8 @@
 
 key = the schedule's key or its id; value = the payload bytes; headers carry
 schedule-id, execute-at, fence-token, tenant and attempt (so a consumer can
-drop repeats) followed by the caller's headers.
+drop repeats), the request id and traceparent of the call that made or last
+changed it (``trace.py``), then the caller's headers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from node.schedule.model import public_id
 from node.schedule.payload import payload_of
 from node.schedule.times import format_time
+from node.schedule.trace import KAFKA_REQUEST_ID, delivery_headers
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ def build_record(doc: dict[str, Any], token: int, attempt: int) -> Record:
         ("fence-token", str(token).encode()),
         ("tenant", str(doc["tenant"]).encode()),
         ("attempt", str(attempt).encode()),
+        *((name, value.encode()) for name, value in delivery_headers(doc, KAFKA_REQUEST_ID)),
     ]
     headers.extend((name, value.encode()) for name, value in (doc.get("headers") or {}).items())
     key = doc.get("key") or schedule_id

@@ -4,8 +4,9 @@
 Body: the payload bytes (a JSON payload as UTF-8 JSON, ``content-type:
 application/json``; a base64 one as ``application/octet-stream``). Headers:
 the caller's ``http.headers``, then the scheduler's: ``schedule-id``,
-``execute-at``, ``fence-token``, ``attempt``, ``tenant``, and Standard
-Webhooks signing:
+``execute-at``, ``fence-token``, ``attempt``, ``tenant``, the request id
+(``x-request-id``) and ``traceparent`` of the call that made or last changed
+it (``trace.py``), and Standard Webhooks signing:
 
 * ``webhook-id``: the same for every attempt of one occurrence (a receiver
   drops repeats by it); a digest of the schedule, its life and the time
@@ -38,6 +39,7 @@ from node.schedule.destination import FENCE_SIGNED
 from node.schedule.model import public_id
 from node.schedule.payload import payload_of
 from node.schedule.times import format_time
+from node.schedule.trace import HTTP_REQUEST_ID, delivery_headers
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -80,6 +82,7 @@ def build_call(doc: dict[str, Any], token: int, attempt: int) -> HttpCall:
         ("attempt", str(attempt)),
         ("tenant", tenant),
         ("content-type", CONTENT_TYPES.get(str(doc.get("payloadFormat")), CONTENT_TYPES["json"])),
+        *delivery_headers(doc, HTTP_REQUEST_ID),
     ]
     created = format_time(doc.get("createdAt")) or ""
     return HttpCall(

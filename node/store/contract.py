@@ -204,6 +204,7 @@ class Attempt:
     outcome: str  # delivered, retrying, failed, skipped
     error: str | None
     life: datetime | None = None  # the schedule's createdAt (None: records made before lives)
+    request_id: str | None = None  # of the call that made or last changed the schedule
 
     def to_document(self, cap: int) -> dict[str, Any]:
         """The stored record: its ``_id`` is ``<schedule>@<life>#<run mod cap>``,
@@ -221,6 +222,7 @@ class Attempt:
             "token": self.token,
             "outcome": self.outcome,
             "error": self.error,
+            **({"requestId": self.request_id} if self.request_id is not None else {}),
         }
 
 

@@ -41,6 +41,8 @@ def schedule_document(new: NewSchedule, bucket_count: int, now: datetime) -> dic
     flow = new.flow_control or new.tenant_flow
     if flow is not None:
         doc["flow"] = flow.to_document()
+    if new.trace is not None:  # the call that made it, carried on by each delivery
+        doc.update(new.trace.fields())
     if new.expire_after is not None:
         doc.update(expiry_fields(new.execute_at, new.expire_after))
     if new.recurrence is not None:
