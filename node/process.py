@@ -29,7 +29,7 @@ from membership.config import preset
 from membership.messages import Event as MembershipEvent
 from membership.messages import MemberView, State
 from membership.service import Membership
-from node import logs
+from node import logs, telemetry
 from node.api.app import build_app
 from node.config import NodeConfig
 from node.delivery.clock import READ_EVERY, StoreClock
@@ -58,6 +58,8 @@ from node.tenants.admission import Admission
 from node.tenants.directory import TenantDirectory
 from node.tenants.quotas import PendingQuota
 from node.tenants.reads import TenantReads
+from node.tracing import OFF, Tracing
+from node.version import VERSION
 from ring import PLACEMENT_VERSION, parse_version
 
 log = structlog.get_logger(__name__)
@@ -96,8 +98,9 @@ TRANSITIONS: dict[Phase, dict[str, Phase]] = {
 class Node:
     """One scheduler node. Satisfies ``node.api.context.ApiContext``."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, tracing: Tracing = OFF) -> None:
         self.config = config
+        self.tracing = tracing
         self.phase = Phase.CREATED
         self.metrics = NodeMetrics()
         # Two clients, two connection pools: the owner's work (leases, due
@@ -186,6 +189,7 @@ class Node:
             client_id=config.node_id,
             idempotence=config.kafka_idempotence,
             clock=self.clock.now,
+            tracing=tracing,
         )
         # HTTP targets: each call resolved, checked against the egress
         # policy and signed with its tenant's secrets (or the cluster's).
@@ -200,6 +204,7 @@ class Node:
             max_wait=config.http_retry_after_max,
             ca_bundle=config.http_ca_bundle or None,
             metrics=self.metrics,
+            tracing=tracing,
         )
         kept = timedelta(seconds=config.history_retention)
         cap = config.history_per_schedule
@@ -293,7 +298,7 @@ class Node:
         self.metrics.producer_idempotent.set(1 if self.publisher.idempotent else 0)
         await self.http_sink.start()
         self._runner = web.AppRunner(
-            build_app(self),
+            build_app(self, self.tracing),
             access_log=None,
             handle_signals=False,
             shutdown_timeout=HTTP_SHUTDOWN_GRACE,
@@ -624,15 +629,23 @@ async def serve(config: NodeConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    node = Node(config)
     try:
-        started = await node.start(stopping)
+        tracing = telemetry.start(config.node_id, VERSION)
     except CannotStart as exc:
         log.error("refusing to start", error=str(exc))
-        await node.client.close()
-        await node.api_client.close()
         return 2
-    if started:
-        await stopping.wait()
-    await node.stop()
-    return 0
+    node = Node(config, tracing)
+    try:
+        try:
+            started = await node.start(stopping)
+        except CannotStart as exc:
+            log.error("refusing to start", error=str(exc))
+            await node.client.close()
+            await node.api_client.close()
+            return 2
+        if started:
+            await stopping.wait()
+        await node.stop()
+        return 0
+    finally:
+        tracing.close()

@@ -24,9 +24,10 @@ from node.api.auth import CALLER, identify
 from node.api.context import CONTEXT, ApiContext, json_response
 from node.api.counting import ListingCounts
 from node.api.inputs import BODY_GATE, BODY_LEFT, BodyGate
-from node.api.observe import observe, route_of
+from node.api.observe import TRACING, observe, route_of
 from node.api.refusals import HTTP_ERROR_CODES, error_response, internal_error
 from node.errors import SchedulerError, StoreUnavailable
+from node.tracing import OFF, Tracing
 
 log = structlog.get_logger(__name__)
 
@@ -74,8 +75,10 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     return await handler(request)
 
 
-def build_app(context: ApiContext) -> web.Application:
+def build_app(context: ApiContext, tracing: Tracing = OFF) -> web.Application:
     app = web.Application(
+        # Tracing on, its instrumentation puts its middleware before these
+        # (node/otel.py): the call's span is current while they run.
         middlewares=[observe, errors, authenticate],
         # The largest body any route takes; each route checks its own limit.
         client_max_size=max(
@@ -83,6 +86,7 @@ def build_app(context: ApiContext) -> web.Application:
         ),
     )
     app[CONTEXT] = context
+    app[TRACING] = tracing
     app[BODY_GATE] = BodyGate()
     app[schedules.LISTING_COUNTS] = ListingCounts()
     app[cluster.BACKLOG] = cluster.Backlog()

@@ -27,11 +27,13 @@ from node.schedule.trace import (
     new_request_id,
     request_trace,
 )
+from node.tracing import Tracing
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TRACE: web.RequestKey[RequestTrace] = web.RequestKey("trace")
+TRACING: web.AppKey[Tracing] = web.AppKey("tracing")
 # Calls an orchestrator, a scraper or another node makes every few seconds:
 # logged only with ACCESS_LOG=all (their counts and durations are metrics).
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", "/v1/internal/wake"})
@@ -56,10 +58,13 @@ def trace_of(request: web.Request) -> RequestTrace:
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     refusal: ValidationFailed | None = None
+    # Tracing on, the span serving this call is what a schedule made by it
+    # stores (its parent is the caller's traceparent); off, the caller's.
+    traceparent = request.app[TRACING].current_traceparent() or request.headers.get(
+        TRACEPARENT_HEADER
+    )
     try:
-        trace = request_trace(
-            request.headers.get(REQUEST_ID_HEADER), request.headers.get(TRACEPARENT_HEADER)
-        )
+        trace = request_trace(request.headers.get(REQUEST_ID_HEADER), traceparent)
     except ValidationFailed as exc:  # answered 400, under an id of our own
         trace, refusal = RequestTrace(new_request_id()), exc
     request[TRACE] = trace

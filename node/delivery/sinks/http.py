@@ -50,6 +50,7 @@ from node.metrics import NodeMetrics
 from node.schedule.destination import SCHEDULER_HEADERS
 from node.schedule.egress import EgressPolicy, check_url
 from node.schedule.webhook import HttpCall, signed_headers
+from node.tracing import OFF, Tracing
 
 log = structlog.get_logger(__name__)
 
@@ -189,7 +190,9 @@ class HttpSink:
         ca_bundle: str | None = None,
         metrics: NodeMetrics | None = None,
         resolver: AbstractResolver | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
+        self.tracing = tracing
         self.policy = policy
         self.keys = keys
         self.clock = clock
@@ -354,22 +357,27 @@ class HttpSink:
         assert session is not None
         signed = signed_headers(call, keys, int(self.clock().timestamp()))
         headers = own_headers_win([*call.headers, *signed])
-        try:
-            async with session.request(
-                call.method,
-                request.url,
-                headers=headers,
-                data=call.body,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=call.timeout),
-            ) as response:
-                body = await _read_bounded(response.content)
-                retry_after = response.headers.get("Retry-After")
-                result = http_result(
-                    response.status, retry_after, body, self.clock(), self.max_wait
-                )
-        except Exception as exc:
-            return _failure(exc, request)
+        with self.tracing.calling(call.method, request.host, headers) as outgoing:
+            try:
+                async with session.request(
+                    call.method,
+                    request.url,
+                    headers=outgoing.headers,
+                    data=call.body,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=call.timeout),
+                ) as response:
+                    body = await _read_bounded(response.content)
+                    retry_after = response.headers.get("Retry-After")
+                    result = http_result(
+                        response.status, retry_after, body, self.clock(), self.max_wait
+                    )
+            except Exception as exc:
+                failure = _failure(exc, request)
+                outgoing.failed(failure[0].error)
+                return failure
+            if result is not None:
+                outgoing.failed(result.error)
         retried = result is not None and result.trouble is Trouble.RETRY
         return result, Health.FAILED if retried else Health.ANSWERED
 

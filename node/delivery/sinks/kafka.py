@@ -28,6 +28,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from node.delivery.sink import Failed, Trouble
 from node.errors import BrokerUnavailable, IdempotenceRefused
 from node.schedule.record import Record
+from node.tracing import OFF, Tracing
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +75,9 @@ class KafkaPublisher:
         idempotence: str = "auto",
         request_timeout: float = 10.0,
         clock: Callable[[], datetime] | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
+        self.tracing = tracing
         self._settings: dict[str, Any] = {
             "bootstrap_servers": list(bootstrap),
             "client_id": client_id,
@@ -211,17 +214,18 @@ class KafkaPublisher:
         stamp = int(self.clock().timestamp() * 1000) if self.clock is not None else None
 
         async def send(record: Record) -> None:
-            future = await asyncio.wait_for(
-                producer.send(
-                    record.topic,
-                    record.value,
-                    key=record.key,
-                    headers=record.headers,
-                    timestamp_ms=stamp,
-                ),
-                METADATA_DEADLINE,
-            )
-            await future
+            with self.tracing.publishing(record.topic, record.headers) as outgoing:
+                future = await asyncio.wait_for(
+                    producer.send(
+                        record.topic,
+                        record.value,
+                        key=record.key,
+                        headers=outgoing.headers,
+                        timestamp_ms=stamp,
+                    ),
+                    METADATA_DEADLINE,
+                )
+                await future
 
         results = await asyncio.gather(*(send(r) for r in records), return_exceptions=True)
         failed: list[Failed | None] = []
