@@ -1,8 +1,9 @@
 """The deployment files, checked offline (no Docker engine, no cluster here):
 the compose file against the compose-spec schema, the Kubernetes manifests
-against the bundled Kubernetes schemas (strict: no unknown field), and both
-against the node itself: every setting they pass exists, the probes hit real
-routes, the ports are the ones the node binds."""
+against the bundled Kubernetes schemas (strict: no unknown field; the
+PrometheusRule, a custom resource, against the operator's schema as
+strictly), and both against the node itself: every setting they pass
+exists, the probes hit real routes, the ports are the ones the node binds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -19,12 +21,27 @@ import yaml
 from node import config as node_config
 from node.api.app import build_app
 from node.process import Node
-from tests.conftest import NodeFactory
+from tests.conftest import (
+    COMING_METRICS,
+    NodeFactory,
+    metrics_read,
+    recordings_read,
+    undeclared,
+)
 
 DOCKER = Path(__file__).parent.parent / "docker"
 K8S = DOCKER / "k8s"
 KUBERNETES = "1.37.0"
 SETTINGS = {s.env for s in node_config.SETTINGS}
+# Custom resources: their CRDs are not among the Kubernetes schemas, so each
+# kind is checked against a schema of its own here instead.
+PROMETHEUS_RULE = ("monitoring.coreos.com/v1", "PrometheusRule")
+CUSTOM_KINDS = {PROMETHEUS_RULE}
+# Not applied by the kustomization, and why.
+APPLIED_APART = {
+    "secret.example.yaml": "an example: the real secret is made by hand",
+    "prometheusrule.yaml": "needs the Prometheus operator's CRD, which a cluster may not have",
+}
 
 
 def manifests() -> list[tuple[str, dict[str, Any]]]:
@@ -102,6 +119,8 @@ def test_the_dockerfile_passes_hadolint() -> None:
     ("name", "doc"), manifests(), ids=lambda v: v if isinstance(v, str) else ""
 )
 def test_every_manifest_is_valid_kubernetes(name: str, doc: dict[str, Any]) -> None:
+    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+        pytest.skip(f"{doc['kind']} is a custom resource: checked against its own schema below")
     kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
@@ -112,10 +131,97 @@ def test_strict_validation_catches_a_misplaced_field() -> None:
         kubernetes_validate.validate(statefulset, KUBERNETES, strict=True)
 
 
-def test_kustomization_applies_everything_but_the_example_secret() -> None:
+def test_kustomization_applies_everything_but_what_is_applied_apart() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     names = {name for name, _ in manifests()}
-    assert set(kustomization["resources"]) == names - {"secret.example.yaml"}
+    assert set(APPLIED_APART) <= names
+    assert set(kustomization["resources"]) == names - set(APPLIED_APART)
+
+
+# The operator's PrometheusRule (prometheusrules.monitoring.coreos.com, its
+# openAPIV3Schema), stricter in one way: an unknown field is an error here,
+# where the API server would prune it silently (a misspelt "annotations"
+# would vanish, runbook and all).
+DURATION = (
+    "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": PROMETHEUS_RULE[0]},
+        "kind": {"const": PROMETHEUS_RULE[1]},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {"name": {"type": "string", "minLength": 1}, "labels": STRINGS},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "limit": {"type": "integer"},
+                            "labels": STRINGS,
+                            "rules": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "record": {"type": "string", "minLength": 1},
+                                        "alert": {"type": "string", "minLength": 1},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": DURATION},
+                                        "keep_firing_for": {"type": "string", "pattern": DURATION},
+                                        "labels": STRINGS,
+                                        "annotations": STRINGS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
+def test_the_prometheus_rule_has_the_operators_shape() -> None:
+    rule = by_kind(PROMETHEUS_RULE[1])
+    jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
+    names = [group["name"] for group in rule["spec"]["groups"]]
+    assert len(names) == len(set(names))
+    assert rule["metadata"]["labels"]["app.kubernetes.io/name"] == "bucket-scheduler"
+
+
+def test_the_prometheus_rule_schema_catches_a_misplaced_field() -> None:
+    rule = by_kind(PROMETHEUS_RULE[1])
+    alert = next(r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r)
+    alert["anotations"] = alert.pop("annotations")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
+    alert["annotations"] = alert.pop("anotations")
+    alert["record"] = "both:alert_and_record"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
 
 
 def test_the_pods_get_only_settings_the_node_knows() -> None:
@@ -200,24 +306,21 @@ def test_the_gossip_port_admits_only_the_schedulers_own_pods() -> None:
 async def test_every_metric_the_dashboard_queries_is_one_a_node_exposes(
     start_node: NodeFactory,
 ) -> None:
+    """Or a recording rule of docker/alerts.yml (the SLA, the lateness and
+    the outcomes the alerts read too)."""
     import json
 
     dashboard = json.loads((DOCKER / "grafana-dashboard.json").read_text())
-    queried = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"\bscheduler_[a-z_]+", target["expr"])
-    }
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queried = set().union(*map(metrics_read, exprs))
     assert len(queried) >= 10
+    rules = yaml.safe_load((DOCKER / "alerts.yml").read_text())
+    recorded = {
+        rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule
+    }
+    assert set().union(*map(recordings_read, exprs)) <= recorded
     handle = await start_node()
     status, text = await handle.request("GET", "/metrics")
     assert status == 200
-    # Declared families (a labelled one has no sample before its first event).
-    declared = set(re.findall(r"^# TYPE (scheduler_[a-z_]+) ", text, re.M))
-    missing = {
-        name
-        for name in queried
-        if name not in declared and re.sub(r"_(bucket|total|count|sum)$", "", name) not in declared
-    }
+    missing = undeclared(queried, text) - COMING_METRICS
     assert not missing, missing
