@@ -274,7 +274,6 @@ COMING_METRICS = frozenset(
         "scheduler_build_info",
         "scheduler_due_backlog",
         "scheduler_due_within",
-        "scheduler_http_request_duration_seconds_bucket",
         "scheduler_oldest_due_age_seconds",
         "scheduler_tenant_deliveries_total",
     }
