@@ -116,11 +116,13 @@ def test_the_dockerfile_passes_hadolint() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "doc"), manifests(), ids=lambda v: v if isinstance(v, str) else ""
+    ("name", "doc"),
+    # A custom resource (the PrometheusRule) is no kind the Kubernetes
+    # schemas know: it is checked against its own schema below.
+    [(n, d) for n, d in manifests() if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS],
+    ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_every_manifest_is_valid_kubernetes(name: str, doc: dict[str, Any]) -> None:
-    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
-        pytest.skip(f"{doc['kind']} is a custom resource: checked against its own schema below")
+def test_every_built_in_manifest_is_valid_kubernetes(name: str, doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
