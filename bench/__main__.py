@@ -28,6 +28,7 @@ from bench import (
     idle_bench,
     index_bench,
     ingest_bench,
+    logs_bench,
     membership_bench,
     priority_bench,
     retention_bench,
@@ -78,6 +79,7 @@ SUITES = {
     "flow": _suite(flow_bench),
     "priority": _suite(priority_bench),
     "bounds": _suite(bounds_bench),
+    "logs": _suite(logs_bench),
 }
 
 

@@ -58,10 +58,15 @@ def batch_bodies(count: int, topic: str, prefix: str) -> Iterator[dict[str, Any]
 
 
 async def drive(
-    urls: list[str], path: str, bodies: Iterator[dict[str, Any]], clients: int, per_body: int
+    urls: list[str],
+    path: str,
+    bodies: Iterator[dict[str, Any]],
+    clients: int,
+    per_body: int,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``clients`` concurrent clients, each sending the next body to its node
-    until none are left."""
+    until none are left (each call with ``headers``)."""
     latencies: list[float] = []
     errors: list[str] = []
     cpu_before = cpu_seconds(os.getpid())
@@ -70,7 +75,7 @@ async def drive(
         url = urls[index % len(urls)] + path
         for body in bodies:
             started = time.perf_counter()
-            async with session.post(url, json=body) as response:
+            async with session.post(url, json=body, headers=headers) as response:
                 answer = await response.json()
                 ok = response.status == 201 or (
                     response.status == 200 and answer.get("created") == per_body
