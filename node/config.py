@@ -820,12 +820,14 @@ def _raw_value(
 
 
 def _host_node_id() -> str:
-    """The node id when NODE_ID is not set: the host name's first label."""
+    """The node id when neither --node-id nor NODE_ID gives one: the host
+    name's first label (in Kubernetes the pod's name, which a StatefulSet
+    keeps stable across restarts), held to the rule of an explicit id."""
     host = socket.gethostname().split(".")[0]
     if not _NODE_ID.fullmatch(host):
         raise ConfigError(
-            f"NODE_ID: not set, and the host name {host!r} is not 1-64 of [A-Za-z0-9._-]: "
-            "set NODE_ID"
+            f"--node-id: not given (nor NODE_ID), and this host's name {host!r} is not a node "
+            "id (1-64 of [A-Za-z0-9._-]): give one with --node-id or NODE_ID"
         )
     return host
 

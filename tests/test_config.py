@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from node import config as node_config
+from node.ops import cli
 
 # What every load below runs with besides its own settings: a node id, and
 # the explicit consent to unsigned gossip (else a node refuses to start).
@@ -105,10 +107,36 @@ def test_bad_cluster_keys_are_refused(keys: str) -> None:
 
 
 def test_node_id_defaults_to_the_host_name() -> None:
-    import socket
-
     config = node_config.load({}, environ={"GOSSIP_UNSIGNED": "on"})
     assert config.node_id == socket.gethostname().split(".")[0]
+
+
+@pytest.mark.parametrize(
+    ("host", "node_id"),
+    [("scheduler-2", "scheduler-2"), ("web1.example.com", "web1"), ("a" * 64, "a" * 64)],
+)
+def test_node_id_is_the_host_name_when_none_is_given(
+    monkeypatch: pytest.MonkeyPatch, host: str, node_id: str
+) -> None:
+    # A StatefulSet's pod is named scheduler-N, and that is its host name.
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    for environ in ({"GOSSIP_UNSIGNED": "on"}, {"GOSSIP_UNSIGNED": "on", "NODE_ID": ""}):
+        assert node_config.load({}, environ=environ).node_id == node_id
+    explicit = node_config.load({"node_id": "given"}, environ={"GOSSIP_UNSIGNED": "on"})
+    assert explicit.node_id == "given"
+
+
+@pytest.mark.parametrize("host", ["bad_host!", "x" * 65, ""])
+def test_a_host_name_that_is_no_node_id_is_one_line_naming_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    monkeypatch.delenv("NODE_ID", raising=False)
+    monkeypatch.setenv("GOSSIP_UNSIGNED", "on")
+    assert cli.main(["run"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: --node-id: not given (nor NODE_ID)"), line
+    assert repr(host) in line and "give one with --node-id or NODE_ID" in line
 
 
 def test_run_without_cluster_keys_refuses_to_start_and_says_how_to_fix_it() -> None:
