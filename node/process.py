@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
+import os
 import signal
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -31,7 +34,7 @@ from membership.messages import MemberView, State
 from membership.service import Membership
 from node import logs, telemetry
 from node.api.app import build_app
-from node.config import NodeConfig
+from node.config import SETTINGS, NodeConfig
 from node.delivery.clock import READ_EVERY, StoreClock
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
@@ -306,7 +309,10 @@ class Node:
         await self._runner.setup()
         host, port = self.config.http_bind
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise cannot_listen("http_bind", "HTTP", (host, port), exc) from None
         self.http_port = self._bound_port(site)
         await self._start_membership()
         if self.history_writer is not None:
@@ -339,7 +345,19 @@ class Node:
         )
         self.membership.subscribe(self._on_membership_event)
         self.metrics.watch_membership(self.membership)
-        await self.membership.start()
+        try:
+            await self.membership.start()
+        except socket.gaierror as exc:
+            raise CannotStart(
+                f"cannot resolve the advertised host {config.advertise_host!r} ({exc.strerror}): "
+                "give this node's address with --advertise-host (ADVERTISE_HOST)"
+            ) from None
+        except OSError as exc:
+            raise cannot_listen(
+                "gossip_bind", "gossip (UDP and TCP)", config.gossip_bind, exc
+            ) from None
+        except ValueError as exc:  # an address others could not reach it at
+            raise CannotStart(f"{exc}: set --advertise-host (ADVERTISE_HOST)") from None
         signed = bool(config.cluster_keys)
         self.metrics.gossip_signed.set(1 if signed else 0)
         if signed:
@@ -545,12 +563,15 @@ class Node:
             log.info("node drained: no buckets, out of the cluster; the API still answers")
         return True
 
-    async def stop(self) -> None:
+    async def stop(self, *, refused: bool = False) -> None:
+        """Graceful leave, then close everything. ``refused``: after a start
+        that raised CannotStart, whose refusal stays the last line logged."""
         if "stop" not in TRANSITIONS[self.phase]:
             return  # stopping or stopped already
         drained = self.phase is Phase.DRAINED
         self._move("stop")
-        log.info("node leaving")
+        if not refused:
+            log.info("node leaving")
         # Graceful leave (DESIGN.md): stop taking calls, finish the batch in
         # flight, release every lease, then tell the cluster we left, so the
         # next owners find the buckets free and need not wait for expiry.
@@ -580,7 +601,8 @@ class Node:
         if self.config.chaos_mode != "off" and self.config.chaos_clock_skew:
             skew_wall_clock(0)  # the skew is the process's; tests run several nodes in one
         self._move("stopped")
-        log.info("node stopped")
+        if not refused:
+            log.info("node stopped")
 
     async def _hand_over(self) -> None:
         """Stop the work loops, release every lease, leave the cluster."""
@@ -622,6 +644,21 @@ class Node:
         }
 
 
+def cannot_listen(attr: str, what: str, address: tuple[str, int], exc: OSError) -> CannotStart:
+    """A bind that failed, as one line for the operator: what, where, and
+    what to change (the setting that chose the address)."""
+    setting = next(s for s in SETTINGS if s.attr == attr)
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = f"{address[0]}:{address[1]}"
+    if exc.errno == errno.EADDRINUSE:
+        todo = "another process holds it: stop that one, or give this node another port with"
+    else:
+        todo = "give this node another address with"
+    return CannotStart(
+        f"cannot listen for {what} on {where} ({reason}): {todo} {setting.flag} ({setting.env})"
+    )
+
+
 async def serve(config: NodeConfig) -> int:
     """Run one node until SIGTERM or SIGINT; returns the process exit code."""
     logs.configure(config.log_format, config.log_level, config.node_id)
@@ -640,8 +677,7 @@ async def serve(config: NodeConfig) -> int:
             started = await node.start(stopping)
         except CannotStart as exc:
             log.error("refusing to start", error=str(exc))
-            await node.client.close()
-            await node.api_client.close()
+            await node.stop(refused=True)  # what had started (producer, sessions, sockets) closes
             return 2
         if started:
             await stopping.wait()
