@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import queue
@@ -72,6 +73,50 @@ def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, json.load(response)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# structlog's console renderer: "[error    ]".
+CONSOLE_LEVEL = re.compile(r"\[(error|critical|exception)\s*\]")
+# The standard library's, Tansu's (tracing) and SecantusDB's level words.
+LEVEL_WORD = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
+
+
+def error_lines(text: str) -> list[str]:
+    """The lines of a log at error level or above, whatever wrote them: a
+    JSON line's "level", a console line's level marker or word, and a
+    traceback."""
+    found = []
+    for raw in text.splitlines():
+        line = ANSI.sub("", raw).strip()
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    if str(record.get("level", "")).lower() in {"error", "critical", "exception"}:
+                        found.append(line)
+                    continue
+        if line.startswith("Traceback") or CONSOLE_LEVEL.search(line) or LEVEL_WORD.search(line):
+            found.append(line)
+    return found
+
+
+def dev_logs(data_dir: Path) -> dict[str, str]:
+    """Every log the dev stack wrote under its data dir, by file name."""
+    return {path.name: path.read_text(errors="replace") for path in (data_dir / "logs").iterdir()}
+
+
+async def settled(http_port: int, nodes: int) -> bool:
+    """Every node sees every node alive and holds what its placement gives it."""
+    names = {f"node-{i + 1}" for i in range(nodes)}
+    for i in range(nodes):
+        with contextlib.suppress(OSError, ValueError):
+            _, view = http("GET", f"http://127.0.0.1:{http_port + i}/v1/cluster")
+            alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
+            if alive == names and view["buckets"]["settled"]:
+                continue
+        return False
+    return True
 
 
 def dev_args(nodes: int, http_port: int, kafka_port: int, data_dir: Path) -> list[str]:
@@ -290,3 +335,35 @@ def test_dev_signs_http_deliveries_with_a_printed_secret_and_allows_only_loopbac
     assert given.node_environment()["HTTP_SIGNING_SECRET"] == own
     assert given.node_environment()["HTTP_TARGETS_ALLOW"] == ""  # the user's choice stands
     assert "from the environment" in given.describe()
+
+
+async def test_a_healthy_dev_start_and_stop_logs_nothing_at_error_level(tmp_path: Path) -> None:
+    """An error-level line means someone must act: a healthy stack has none,
+    in its own output or in any log it writes (nodes, broker, database)."""
+    nodes, http_port, data = 2, consecutive_free_ports(2), tmp_path / "data"
+    dev = DevProcess(dev_args(nodes, http_port, embedded.free_port(), data))
+    try:
+        dev.read_until("dev: ready")
+        await wait_until(
+            lambda: settled(http_port, nodes), within=90, what="every node alive and settled"
+        )
+        dev.process.send_signal(signal.SIGTERM)
+        assert dev.process.wait(timeout=90) == 0
+        output = dev.read_until("dev: stopped")
+    finally:
+        if dev.process.poll() is None:
+            dev.process.kill()
+            dev.process.wait()
+    logs = dev_logs(data)
+    assert set(logs) == {"mongodb.log", "kafka.log", "node-1.log", "node-2.log"}
+    found = {name: error_lines(text) for name, text in {"dev": "\n".join(output), **logs}.items()}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    # The embedded broker refuses an idempotent producer, as KAFKA_IDEMPOTENCE=auto
+    # expects: each node says so once, as a warning.
+    for i in range(nodes):
+        said = [
+            line
+            for line in logs[f"node-{i + 1}.log"].splitlines()
+            if "the broker refused an idempotent producer" in line
+        ]
+        assert len(said) == 1 and "[warning" in said[0], said

@@ -11,6 +11,7 @@ records delivered through it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import structlog
 
+from node.delivery.sinks.kafka import KafkaPublisher
 from node.errors import IdempotenceRefused
 from node.ops import embedded
 from node.process import Node
@@ -107,6 +110,27 @@ async def test_auto_runs_without_idempotence_and_says_so(
         schedule_id = await schedule_one(node, topic)
         await reader.wait_for(1)
     assert list(reader.by_id()) == [schedule_id]
+
+
+async def test_auto_says_once_as_a_warning_that_the_broker_refused(
+    servers: EmbeddedServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under auto a refusal is what was asked for: a warning, not an error
+    (an error-level line means someone must act), said once however often
+    the start is tried, and aiokafka's own error line about it not at all."""
+    publisher = KafkaPublisher([servers.kafka_bootstrap], client_id=unique("auto"))
+    with structlog.testing.capture_logs() as said, caplog.at_level(logging.DEBUG):
+        for _ in range(2):  # a start tried again (node.process retries one)
+            await publisher.start()
+            assert publisher.started and not publisher.idempotent
+            await publisher.stop()
+    refusals = [e for e in said if "refused an idempotent producer" in e["event"]]
+    assert [(e["log_level"], e["reason"]) for e in refusals] == [
+        ("warning", "InitProducerId answered UnknownError")
+    ]
+    assert [e for e in said if e["log_level"] in {"error", "critical"}] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any(r.name.startswith("aiokafka") for r in caplog.records)  # it was heard
 
 
 @pytest.fixture

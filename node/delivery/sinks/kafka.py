@@ -8,6 +8,7 @@ DELIVERED only after Kafka has durably accepted it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,14 @@ class _Refused(Exception):
     """The broker answered, and refused an idempotent producer."""
 
 
+def _not_a_refusal(record: logging.LogRecord) -> bool:
+    """aiokafka logs a refused InitProducerId at error level, then raises
+    it; the publisher says what the refusal means (a warning under ``auto``,
+    the reason the node will not start under ``on``), so aiokafka's line,
+    which names the same error, is dropped."""
+    return not record.getMessage().startswith("Unexpected error during InitProducerIdRequest")
+
+
 class KafkaPublisher:
     """The node's producer. ``idempotence`` (KAFKA_IDEMPOTENCE): ``on`` runs
     only with an idempotent producer, ``off`` never, ``auto`` with one where
@@ -96,6 +105,8 @@ class KafkaPublisher:
         # Why the broker refused an idempotent producer (auto only), for /readyz.
         self.refusal: str | None = None
         self._producer: AIOKafkaProducer | None = None
+        if idempotence != "off":
+            logging.getLogger("aiokafka.producer.sender").addFilter(_not_a_refusal)
 
     @property
     def started(self) -> bool:
@@ -120,14 +131,19 @@ class KafkaPublisher:
                 "0.11 or later, IDEMPOTENT_WRITE allowed), or set KAFKA_IDEMPOTENCE=auto "
                 "to run without it"
             )
-        log.error(
-            "the broker refused an idempotent producer: running without idempotence, so a "
-            "producer retry during a broker stall can publish a record twice under one claim",
-            reason=reason,
-            kafka_idempotence=self.idempotence,
-        )
-        self._producer = await self._connect(idempotent=False)
+        # A warning, not an error: KAFKA_IDEMPOTENCE=auto asked for exactly
+        # this (the embedded broker always refuses). Once, however often the
+        # start is tried again while the broker cannot be reached.
+        if reason != self.refusal:
+            log.warning(
+                "the broker refused an idempotent producer: running without idempotence, so "
+                "a producer retry during a broker stall can publish a record twice under one "
+                "claim",
+                reason=reason,
+                kafka_idempotence=self.idempotence,
+            )
         self.idempotent, self.refusal = False, reason
+        self._producer = await self._connect(idempotent=False)
 
     @property
     def _bootstrap(self) -> list[str]:
