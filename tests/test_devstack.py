@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -35,13 +36,18 @@ def consecutive_free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STR
 
 
 class DevProcess:
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, *, terminal: bool = False
+    ) -> None:
+        # terminal: in a process group of its own, as a shell runs a command
+        # in the foreground, so a test can send the group what Ctrl-C sends.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "node", "dev", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
+            start_new_session=terminal,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -107,16 +113,53 @@ def dev_logs(data_dir: Path) -> dict[str, str]:
 
 
 async def settled(http_port: int, nodes: int) -> bool:
-    """Every node sees every node alive and holds what its placement gives it."""
+    """Every node sees every node alive, and holds every bucket its placement
+    gives it, and every bucket is held where it is placed."""
     names = {f"node-{i + 1}" for i in range(nodes)}
     for i in range(nodes):
         with contextlib.suppress(OSError, ValueError):
             _, view = http("GET", f"http://127.0.0.1:{http_port + i}/v1/cluster")
             alive = {m["id"] for m in view["members"] if m["state"] == "alive"}
-            if alive == names and view["buckets"]["settled"]:
+            buckets, owners = view["buckets"], view["buckets"]["owners"]
+            if (
+                alive == names
+                and buckets["settled"]
+                and buckets["held"] == buckets["wanted"] > 0
+                and all(o["owner"] == o["placed"] for o in owners)
+                and {o["owner"] for o in owners} == names
+            ):
                 continue
         return False
     return True
+
+
+def child_pids(output: list[str]) -> dict[str, int]:
+    """The pid of each child the dev stack printed: mongodb, kafka, node-N."""
+    return {
+        line.split()[0]: int(m.group(1))
+        for line in output
+        if (m := re.search(r"  pid (\d+)", line))
+    }
+
+
+def exit_order(pids: dict[str, int], within: float = 90) -> list[set[str]]:
+    """Wait for every process in ``pids`` to exit (each a pidfd, readable
+    once it has); the names in the order seen, those seen at one wake-up
+    together."""
+    fds = {os.pidfd_open(pid): name for name, pid in pids.items()}
+    order: list[set[str]] = []
+    deadline = time.monotonic() + within
+    try:
+        while len(fds) > sum(len(seen) for seen in order):
+            waiting = [fd for fd, name in fds.items() if not any(name in s for s in order)]
+            ready, _, _ = select.select(waiting, [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"still running after {within:g} s: {waiting}")
+            order.append({fds[fd] for fd in ready})
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return order
 
 
 def dev_args(nodes: int, http_port: int, kafka_port: int, data_dir: Path) -> list[str]:
@@ -367,3 +410,59 @@ async def test_a_healthy_dev_start_and_stop_logs_nothing_at_error_level(tmp_path
             if "the broker refused an idempotent producer" in line
         ]
         assert len(said) == 1 and "[warning" in said[0], said
+
+
+async def test_ctrl_c_stops_every_node_before_the_broker_and_the_store(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C is SIGINT to its whole foreground group: it must
+    not reach the broker and the store, which the nodes need while they
+    leave (hand leases over, flush); the stack stops those last."""
+    nodes, http_port, data = 2, consecutive_free_ports(2), tmp_path / "data"
+    dev = DevProcess(dev_args(nodes, http_port, embedded.free_port(), data), terminal=True)
+    try:
+        pids = child_pids(dev.read_until("dev: ready"))
+        assert set(pids) == {"mongodb", "kafka", "node-1", "node-2"}
+        await wait_until(
+            lambda: settled(http_port, nodes), within=90, what="every node alive and settled"
+        )
+        os.killpg(dev.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        order = exit_order(pids)
+        assert dev.process.wait(timeout=90) == 0
+        dev.read_until("dev: stopped")
+    finally:
+        if dev.process.poll() is None:
+            dev.process.kill()
+            dev.process.wait()
+    # Processes seen gone at one wake-up cannot be told apart; none of the
+    # servers may be seen gone before the last node.
+    seen = {name: index for index, names in enumerate(order) for name in names}
+    last_node = max(seen["node-1"], seen["node-2"])
+    assert seen["kafka"] >= last_node and seen["mongodb"] >= last_node, order
+    # ... and the nodes' leave found both answering: leases handed over, no errors.
+    logs = dev_logs(data)
+    for i in range(nodes):
+        lines = logs[f"node-{i + 1}.log"].splitlines()
+        leaving = next(n for n, line in enumerate(lines) if "node leaving" in line)
+        assert any("leases released" in line for line in lines[leaving:]), lines[leaving:]
+        assert "node stopped" in lines[-1], lines[leaving:]
+        assert error_lines("\n".join(lines[leaving:])) == []
+        assert not any("could not release leases" in line for line in lines[leaving:])
+
+
+def test_a_dev_stack_killed_hard_takes_its_children_along(tmp_path: Path) -> None:
+    """The broker and the store are out of the terminal's process group, but
+    still children that die with the stack (PR_SET_PDEATHSIG), as the nodes do."""
+    dev = DevProcess(
+        dev_args(1, consecutive_free_ports(1), embedded.free_port(), tmp_path / "data"),
+        terminal=True,
+    )
+    try:
+        pids = child_pids(dev.read_until("dev: ready"))
+        assert set(pids) == {"mongodb", "kafka", "node-1"}
+        dev.process.kill()
+        dev.process.wait()
+        order = exit_order(pids)
+    finally:
+        if dev.process.poll() is None:
+            dev.process.kill()
+            dev.process.wait()
+    assert set().union(*order) == set(pids)

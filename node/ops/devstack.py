@@ -6,6 +6,12 @@ waits until every node answers /readyz, prints one line per service, and
 stops every child on Ctrl-C or SIGTERM: nodes first (graceful leave), then
 the broker, then the database.
 
+The database and the broker run in sessions of their own: a terminal's
+Ctrl-C (SIGINT to its foreground process group) reaches this process and
+the nodes, not them, so the nodes hand their leases over and flush while
+both still answer, and only then are they stopped. Every child gets SIGTERM
+when this process dies, however it dies (``embedded.spawn``).
+
 Gossip is signed: unless ``CLUSTER_KEYS`` is set in the environment (empty
 turns signing off), every start generates a random 32-byte key and hands it
 to every node, so nothing else on the machine can speak to the cluster's
@@ -159,10 +165,17 @@ class DevStack:
         return ""
 
     def _spawn(
-        self, name: str, address: str, argv: list[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        address: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        own_session: bool = False,
     ) -> Child:
         handle, path = self._log(name)
-        child = Child(name, address, embedded.spawn(argv, log=handle, env=env), path)
+        process = embedded.spawn(argv, log=handle, env=env, own_session=own_session)
+        child = Child(name, address, process, path)
         self.children.append(child)
         return child
 
@@ -171,7 +184,10 @@ class DevStack:
         o.data_dir.mkdir(parents=True, exist_ok=True)
         mongo_uri = embedded.mongo_uri(o.host, o.mongo_port)
         mongo = self._spawn(
-            "mongodb", mongo_uri, embedded.mongo_argv(o.host, o.mongo_port, o.data_dir / "mongo")
+            "mongodb",
+            mongo_uri,
+            embedded.mongo_argv(o.host, o.mongo_port, o.data_dir / "mongo"),
+            own_session=True,
         )
         kafka_address = f"{o.host}:{o.kafka_port}"
         kafka = self._spawn(
@@ -179,6 +195,7 @@ class DevStack:
             kafka_address,
             embedded.kafka_argv(o.host, o.kafka_port),
             env=embedded.kafka_environment(self.environ),
+            own_session=True,
         )
         self._wait_port(mongo, o.mongo_port)
         self._wait_port(kafka, o.kafka_port)

@@ -40,14 +40,22 @@ def _die_with_parent() -> None:
 
 
 def spawn(
-    argv: list[str], *, log: IO[bytes] | int | None = None, env: dict[str, str] | None = None
+    argv: list[str],
+    *,
+    log: IO[bytes] | int | None = None,
+    env: dict[str, str] | None = None,
+    own_session: bool = False,
 ) -> subprocess.Popen[bytes]:
+    """Start a child that dies with us. ``own_session``: in a session (and
+    process group) of its own, so the signals a terminal sends its
+    foreground group (Ctrl-C's SIGINT) do not reach it: only we stop it."""
     return subprocess.Popen(
         argv,
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
         env=env,
+        start_new_session=own_session,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
 
