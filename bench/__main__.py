@@ -36,6 +36,7 @@ from bench import (
     scale_bench,
 )
 from bench.report import write
+from node.version import add_version_flag
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
+    add_version_flag(parser)
     parser.add_argument("suite", choices=[*SUITES, "all"])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")

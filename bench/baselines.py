@@ -42,6 +42,7 @@ from pymongo import ASCENDING, AsyncMongoClient, ReturnDocument
 
 from node.schedule.model import Status
 from node.schedule.record import Record, build_record
+from node.version import add_version_flag
 
 IDLE_SLEEP = 1.0  # the findOneAndUpdate poller's sleep when nothing is due
 FETCH_THREADS = 10  # db-scheduler's default executor threads
@@ -250,6 +251,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.baselines", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("kind", choices=["fua", "fetch", "apscheduler"])
     parser.add_argument("--mongo-uri", required=True)
     parser.add_argument("--database", required=True)

@@ -56,6 +56,7 @@ from node.delivery.leases import LeaseManager
 from node.ops import embedded
 from node.store.boundary import DURABLE
 from node.store.leases import LeaseStore
+from node.version import add_version_flag
 from ring import PLACEMENT_VERSION, owned_by, place
 
 # Long enough that no call of a slow shape runs out of term (its ``within``).
@@ -241,6 +242,7 @@ def _held_as_placed(nodes: Sequence[str], buckets: int) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.leases_bench", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("--buckets", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 3])
     parser.add_argument(

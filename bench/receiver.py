@@ -37,6 +37,7 @@ from aiohttp import web
 
 from bench.stack import Delivery
 from node.schedule.times import parse_time
+from node.version import add_version_flag
 
 # How often the bench asks a receiver what arrived (seconds): a run is seen
 # to end this much late at most, which only moves its cut-off, never a
@@ -219,6 +220,7 @@ class ReceiverReader:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.receiver", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("host", help="the address to listen on, e.g. 127.0.0.2")
     parser.add_argument("--hang", type=float, default=0.0, help="seconds before each 204")
     args = parser.parse_args()

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from chaos import brokercheck, rebalance, scenario
 from chaos.run import main as play_scenario
+from node.version import add_version_flag
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos")
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the shipped scenarios")
     play = commands.add_parser("run", help="play a scenario under load and check it")

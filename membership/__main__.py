@@ -17,6 +17,7 @@ import time
 from membership.config import preset
 from membership.messages import Event, EventKind
 from membership.service import Membership
+from node.version import add_version_flag
 
 
 def _print(kind: str, **fields: object) -> None:
@@ -53,6 +54,7 @@ async def agent(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m membership")
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("agent", help="run the membership layer alone")
     run.add_argument("--id", required=True)

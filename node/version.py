@@ -4,6 +4,7 @@ place: ``--version`` of every CLI, ``scheduler_build_info`` and the
 
 from __future__ import annotations
 
+import argparse
 from importlib import metadata
 
 DISTRIBUTION = "bucket-scheduler"
@@ -19,3 +20,8 @@ def version() -> str:
 
 
 VERSION = version()
+
+
+def add_version_flag(parser: argparse.ArgumentParser) -> None:
+    """``--version``: prints ``bucket-scheduler VERSION`` and exits 0."""
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {VERSION}")

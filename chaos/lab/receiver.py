@@ -55,6 +55,7 @@ from aiohttp import web
 from node.ops import embedded
 from node.schedule.destination import FENCE_SIGNED
 from node.schedule.webhook import secret_key
+from node.version import add_version_flag
 
 MODES = ("up", "503", "slow", "400")
 CONTROL = "/_chaos/mode"
@@ -240,6 +241,7 @@ class Receiver:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m chaos.lab.receiver")
+    add_version_flag(parser)
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", type=Path, required=True)

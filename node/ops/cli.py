@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from node import config as node_config
+from node.version import add_version_flag
 
 
 def _port(text: str) -> int:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m node", description="Delayed-message scheduler node."
     )
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser(
