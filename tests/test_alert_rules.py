@@ -163,6 +163,19 @@ def test_every_recording_rule_follows_level_metric_operations() -> None:
 # -- the operator's manifest --------------------------------------------------------
 
 
+def test_the_runbooks_table_lists_every_alert_as_the_rules_say() -> None:
+    checked = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "alerts_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stderr
+    text = RUNBOOKS.read_text()
+    for alert in alerts():
+        assert f"| [{alert['alert']}](#{alert['alert'].lower()}) |" in text
+
+
 def test_the_prometheus_rule_manifest_carries_the_same_groups() -> None:
     made = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "prometheus_rule.py"), "--check"],
