@@ -272,7 +272,10 @@ async def test_per_schedule_retry_then_dead_letter_and_the_chain_goes_on(
         node.publisher, topic, {"doomed": 99, "chain": 99}
     )
     handle = await start_node(node)
-    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    # Far enough ahead that both POSTs land before it on a loaded machine: a
+    # chain created after its start has lost that occurrence (its first is
+    # the next one at or after now), and would fail once, not twice.
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
     status, created = await handle.request(
         "POST",
         "/v1/schedules",
@@ -290,7 +293,7 @@ async def test_per_schedule_retry_then_dead_letter_and_the_chain_goes_on(
         "initialBackoff": "PT0.1S",
         "maxBackoff": "PT0.2S",
     }
-    status, _ = await handle.request(
+    status, chain_created = await handle.request(
         "POST",
         "/v1/schedules",
         json={
@@ -311,6 +314,8 @@ async def test_per_schedule_retry_then_dead_letter_and_the_chain_goes_on(
             },
         },
     )
+    assert status == 201, chain_created
+    assert chain_created["executeAt"] == stamp(start), "created after its start: one occurrence"
 
     async def both_over() -> bool:
         return all(
