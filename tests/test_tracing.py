@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from node import telemetry
 from node.errors import CannotStart
+from node.schedule.webhook import new_secret
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
 from tests.node_process import NodeProcess
 
@@ -58,6 +59,12 @@ class Collector:
 
     def __init__(self) -> None:
         self.spans: list[Any] = []
+        self.hooks: list[str | None] = []
+
+    async def hook(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.hooks.append(request.headers.get("traceparent"))
+        return web.Response(status=204)
 
     async def handle(self, request: web.Request) -> web.Response:
         export = ExportTraceServiceRequest()
@@ -75,9 +82,12 @@ class Collector:
 
 @pytest.fixture
 async def collector() -> AsyncIterator[tuple[Collector, str]]:
+    """The OTLP receiver, and at /hook an HTTP destination keeping each
+    call's traceparent (in ``collector.hooks``)."""
     collector = Collector()
     app = web.Application()
     app.router.add_post("/v1/traces", collector.handle)
+    app.router.add_post("/hook", collector.hook)
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -101,6 +111,8 @@ async def test_a_delivery_span_is_the_child_of_the_create_and_passed_on(
         KAFKA_BOOTSTRAP=servers.kafka_bootstrap,
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_BSP_SCHEDULE_DELAY="100",
+        HTTP_TARGETS_ALLOW="127.0.0.0/8",
+        HTTP_SIGNING_SECRET=new_secret(),
     )
     await node.start()
     try:
@@ -117,17 +129,29 @@ async def test_a_delivery_span_is_the_child_of_the_create_and_passed_on(
             ) as response:
                 created = await response.json()
                 assert response.status == 201, created
+            async with session.post(
+                node.url + "/v1/schedules",
+                json={"http": {"url": endpoint + "/hook"}, "executeAt": due, "payload": 1},
+                headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"},
+            ) as response:
+                assert response.status == 201, await response.text()
             [record] = await reader.wait_for(1)
 
             async def exported() -> bool:
-                return bool(spans.named(f"send {topic}"))
+                return bool(spans.named(f"send {topic}")) and bool(spans.named("POST"))
 
             await wait_until(exported, 60, "the delivery's span to be exported")
     finally:
         assert await node.stop() == 0
-    [create] = [
-        s for s in spans.spans if s.kind == s.SPAN_KIND_SERVER and s.trace_id.hex() == CALLER_TRACE
-    ]
+    # The two creates, in the order they were made: the Kafka one, then the HTTP one.
+    create, create_http = sorted(
+        (
+            s
+            for s in spans.spans
+            if s.kind == s.SPAN_KIND_SERVER and s.trace_id.hex() == CALLER_TRACE
+        ),
+        key=lambda s: s.start_time_unix_nano,
+    )
     assert create.parent_span_id.hex() == CALLER_SPAN  # the caller's span is its parent
     [send] = spans.named(f"send {topic}")
     assert send.kind == send.SPAN_KIND_PRODUCER
@@ -138,6 +162,11 @@ async def test_a_delivery_span_is_the_child_of_the_create_and_passed_on(
     # The consumer continues from the delivery's span.
     passed_on = dict(record.headers)["traceparent"].decode()
     assert passed_on == f"00-{CALLER_TRACE}-{send.span_id.hex()}-01"
+    # An HTTP delivery likewise: a client span, the child of its create, and
+    # the destination continues from it.
+    [call] = spans.named("POST")
+    assert call.kind == call.SPAN_KIND_CLIENT and call.parent_span_id == create_http.span_id
+    assert collector[0].hooks == [f"00-{CALLER_TRACE}-{call.span_id.hex()}-01"]
     # The request id is the trace's, and the store's calls have spans too.
     assert created["requestId"] == CALLER_TRACE
     assert any(s.kind == s.SPAN_KIND_CLIENT and "insert" in s.name for s in spans.spans), [
