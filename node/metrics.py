@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from membership.messages import MemberView, State
+from node.version import VERSION
 
 
 class HasToken(Protocol):
@@ -93,6 +94,15 @@ class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # Which release a node runs, as a label (the usual *_build_info, 1):
+        # a dashboard joins it to any series, and a rolling upgrade shows
+        # which nodes run what.
+        Gauge(
+            "scheduler_build_info",
+            "Always 1; the version of the scheduler this node runs as a label",
+            ["version"],
+            registry=r,
+        ).labels(VERSION).set(1)
         self.http_requests = Counter(
             "scheduler_http_requests_total",
             "HTTP requests by route and status",

@@ -4,8 +4,10 @@ host label a tenant chooses and so must stay bounded."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib import metadata
 
 from node.metrics import HTTP_TARGET_RESULTS, HostLabels, NodeMetrics
+from node.version import DISTRIBUTION
 from tests.conftest import metric_samples
 
 
@@ -58,3 +60,14 @@ def test_open_circuits_by_host() -> None:
         ("other",): 2,
     }
     assert b"scheduler_http_target_circuit_open" in metrics.render()
+
+
+def test_build_info_names_the_installed_version() -> None:
+    try:
+        installed = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        installed = "0+unknown"
+    assert metric_samples(NodeMetrics(), "scheduler_build_info") == {(installed,): 1}
+    assert b'scheduler_build_info{version="' + installed.encode() + b'"} 1.0' in (
+        NodeMetrics().render()
+    )
