@@ -7,6 +7,7 @@ through small Protocols, so this module depends on none of those parts.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from membership.messages import MemberView, State
+from node.schedule.model import DEFAULT_TENANT
 from node.version import VERSION
 
 
@@ -135,11 +137,13 @@ class NodeMetrics:
             ["priority"],
             registry=r,
         )
+        # The tenant label of every series that has one (``TenantLabels``).
+        self.tenant_labels = TenantLabels()
         self.flow_held_back = Counter(
             "scheduler_flow_held_back_total",
             "Due schedules a round chose and flow control held back (their key's rate or "
-            "parallelism spent): not attempts, they stay due. By tenant (registered tenants "
-            "only: bounded)",
+            "parallelism spent): not attempts, they stay due. By tenant: registered tenants "
+            "and default by name, any other as other",
             ["tenant"],
             registry=r,
         )
@@ -157,6 +161,14 @@ class NodeMetrics:
             "occurrence of a recurring schedule under the skip policy), expired (a one-shot "
             "past its deadline, expireAfter, ended EXPIRED unpublished)",
             ["outcome"],
+            registry=r,
+        )
+        self.tenant_deliveries = Counter(
+            "scheduler_tenant_deliveries_total",
+            "scheduler_deliveries_total by tenant: registered tenants and default by name, "
+            "any other as other (a tenant registered while its work is delivered may count "
+            "as other for a few seconds)",
+            ["tenant", "outcome"],
             registry=r,
         )
         self.recovered = Counter(
@@ -280,6 +292,19 @@ class NodeMetrics:
         )
         self.http_hosts = HostLabels(MAX_HOST_LABELS)
 
+    def delivery_outcome(self, outcome: str, tenants: Iterable[str]) -> None:
+        """Count one delivery outcome per tenant named (the tenant of each
+        schedule it befell): in ``scheduler_deliveries_total`` (at 0 as well:
+        the series exists from the first time) and by tenant."""
+        by_label = Tally(self.tenant_labels(tenant) for tenant in tenants)
+        self.deliveries.labels(outcome).inc(sum(by_label.values()))
+        for label, count in sorted(by_label.items()):
+            self.tenant_deliveries.labels(label, outcome).inc(count)
+
+    def held_back(self, tenant: str, count: int) -> None:
+        """Count due schedules of ``tenant`` that flow control held back."""
+        self.flow_held_back.labels(self.tenant_labels(tenant)).inc(count)
+
     def http_target(self, host: str, result: str) -> None:
         """Count one HTTP target delivery (``result`` one of HTTP_TARGET_RESULTS)."""
         self.http_target_requests.labels(self.http_hosts(host), result).inc()
@@ -322,6 +347,28 @@ class HostLabels:
             self.named.add(host)
             return host
         return "other"
+
+
+class TenantLabels:
+    """The ``tenant`` label of a series: the tenant's name for the registered
+    tenants (an operator's list, ``known``) and the default tenant, "other"
+    for any other. With AUTH off a call may name any tenant it likes, and
+    each name would otherwise be new series for the process's life."""
+
+    OTHER = "other"
+
+    def __init__(self) -> None:
+        self.named: frozenset[str] = frozenset({DEFAULT_TENANT})
+
+    def known(self, registered: Iterable[str]) -> None:
+        """The registered tenants now (the tenant directory's list)."""
+        self.named = frozenset({DEFAULT_TENANT, *registered})
+
+    def names(self, tenant: str) -> bool:
+        return tenant in self.named
+
+    def __call__(self, tenant: str) -> str:
+        return tenant if tenant in self.named else self.OTHER
 
 
 class Circuits(Protocol):

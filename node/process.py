@@ -229,6 +229,7 @@ class Node:
             self.metrics,
             history=self.history_writer,
             tenant_names=self._tenant_names,
+            registered_tenants=self.directory.names,
             wall=self.clock.now,
             http=self.http_sink,
             flow=self.flow,

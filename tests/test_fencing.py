@@ -21,7 +21,7 @@ from node.schedule.record import Record
 from node.schedule.retry import RetryPolicy
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
-from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
+from tests.conftest import EmbeddedServers, TopicReader, metric_samples, unique, wait_until
 
 
 class FrozenPublisher(KafkaPublisher):
@@ -127,6 +127,9 @@ async def test_a_frozen_owner_cannot_overwrite_its_successor(
         # a's marks matched nothing, and a knows it.
         assert poller_a.metrics.deliveries.labels("fenced")._value.get() == 10
         assert poller_a.metrics.deliveries.labels("delivered")._value.get() == 0
+        assert metric_samples(poller_a.metrics, "scheduler_tenant_deliveries_total") == {
+            ("default", "fenced"): 10
+        }
 
         async with TopicReader(servers.kafka_bootstrap, topic) as reader:
             await reader.wait_for(len(ids) + 10)

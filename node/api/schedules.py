@@ -335,7 +335,7 @@ async def _change(
         if change.due_at is not None:
             context.wakes.accepted(doc)
         if change.status == Status.EXPIRED:
-            context.metrics.deliveries.labels("expired").inc()
+            context.metrics.delivery_outcome("expired", [str(doc["tenant"])])
         log.info(
             f"schedule {verb}",
             schedule_id=doc["_id"],

@@ -145,6 +145,12 @@ CALLS_GRACE = 5.0
 # Payload bytes published at once: a batch of large payloads goes in parts
 # of this size, each fetched just before it is published.
 PUBLISH_PART_BYTES = 8 * 1024 * 1024
+# The registered tenants (whose names label the per-tenant series) are read
+# again when a batch holds a tenant they do not name, at most once in this
+# many seconds (the tenant directory's own cache is as long): a node
+# delivering for unregistered tenants asks no more than that, and a tenant
+# registered meanwhile is named by its next batch.
+TENANT_NAMES_EVERY = 5.0
 
 
 class BucketPoller:
@@ -163,6 +169,7 @@ class BucketPoller:
         dead_letter_topic: str = "",
         history: HistoryWriter | None = None,
         tenant_names: Callable[[], Awaitable[Sequence[str]]] | None = None,
+        registered_tenants: Callable[[], Awaitable[Sequence[str]]] | None = None,
         wall: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
         stranded_after: float = STRANDED_AFTER,
@@ -219,6 +226,10 @@ class BucketPoller:
         # plain oldest first, kept to measure what fairness buys).
         self.tenant_names = tenant_names
         self._tenant_turn = 0
+        # The registered tenants (None: every tenant but the default is
+        # "other" in the metrics), and when they were last read (monotonic).
+        self.registered_tenants = registered_tenants
+        self._tenants_read_at: float | None = None
         self.book = DueBook(refresh=poll_interval, budget=batch_size * READ_AHEAD)
         self.window = ClaimWindow(batch_size)
         self.wall = wall
@@ -424,6 +435,7 @@ class BucketPoller:
         self.metrics.store_seconds.labels("find_due").observe(time.perf_counter() - started)
         batch = await self._choose(now, self.window.size, kafka=broker_up)
         self.window.took(len(batch))
+        await self._name_tenants(batch)
         await self._deliver_batch(batch, tokens)
         if batch:
             if self._more_in_hand:
@@ -435,6 +447,26 @@ class BucketPoller:
             now, monotonic = self.wall(), self.monotonic()
         idle = self._idle_for(now, monotonic, kafka=broker_up)
         return idle if broker_up else min(idle, self._broker_wait())
+
+    async def _name_tenants(self, batch: list[dict[str, Any]]) -> None:
+        """Learn the registered tenants (the metrics' tenant labels) when
+        ``batch`` holds a tenant they do not name and they were not read
+        lately (TENANT_NAMES_EVERY). A failed read leaves the labels as
+        they were: the outcome is counted all the same."""
+        if self.registered_tenants is None or not batch:
+            return
+        labels = self.metrics.tenant_labels
+        monotonic = self.monotonic()
+        if all(labels.names(str(doc.get("tenant"))) for doc in batch) or (
+            self._tenants_read_at is not None
+            and monotonic - self._tenants_read_at < TENANT_NAMES_EVERY
+        ):
+            return
+        self._tenants_read_at = monotonic
+        try:
+            labels.known(await self.registered_tenants())
+        except SchedulerError as exc:
+            log.warning("could not read the registered tenants", error=str(exc))
 
     async def _deliver_batch(self, batch: list[dict[str, Any]], tokens: dict[int, int]) -> None:
         """Deliver the batch: what no flow key limits at once, and beside it
@@ -626,7 +658,7 @@ class BucketPoller:
         admitted, refused = self.gate.admit(asks, names, grants, wants, monotonic, now)
         for tenant, count in refused.items():
             if count:
-                self.metrics.flow_held_back.labels(tenant).inc(count)
+                self.metrics.held_back(tenant, count)
         await self._release_idle_slots(now, monotonic)
         self.metrics.flow_keys_limited.set(self.gate.keys_shut(monotonic))
         kept = {id(doc) for doc in admitted}
@@ -844,7 +876,7 @@ class BucketPoller:
         if abandoned:
             self._unclaimed.extend(abandoned)
             self.book.stale({c.bucket for c in abandoned})
-            self.metrics.deliveries.labels("abandoned").inc(len(abandoned))
+            self.metrics.delivery_outcome("abandoned", _tenants(abandoned))
             log.warning(
                 "lease gone mid-batch (expired or handed over), or a flow-control slice passed",
                 abandoned=len(abandoned),
@@ -866,7 +898,7 @@ class BucketPoller:
             ended = [c for c in completions if c.outcome == outcome]
             if not ended:
                 continue
-            self.metrics.deliveries.labels(outcome.value).inc(len(ended))
+            self.metrics.delivery_outcome(outcome.value, _tenants(c.claimed for c in ended))
             ids = sorted(c.claimed.id for c in ended)
             log.info(
                 "claims ended unpublished", outcome=outcome.value, count=len(ids), ids=ids[:20]
@@ -945,11 +977,12 @@ class BucketPoller:
         """Count, log and record what was written (history off the path)."""
         delivered = [c.claimed for c in decided.done]
         if delivered:
-            self.metrics.deliveries.labels("delivered").inc(marked)
-            if marked < len(delivered):
+            kept, fenced = self._fenced(delivered, marked)
+            self.metrics.delivery_outcome("delivered", _tenants(kept))
+            if fenced:
                 # A newer owner took these over while we published: they went
                 # out twice, and the fence kept our stale mark off its work.
-                self.metrics.deliveries.labels("fenced").inc(len(delivered) - marked)
+                self.metrics.delivery_outcome("fenced", _tenants(fenced))
                 log.warning(
                     "completion rejected by a newer lease token",
                     fenced=len(delivered) - marked,
@@ -969,7 +1002,7 @@ class BucketPoller:
         if decided.failed:
             self._failed(decided.failed)
         if decided.deferred:
-            self.metrics.deliveries.labels("deferred").inc(len(decided.deferred))
+            self.metrics.delivery_outcome("deferred", _tenants(c.claimed for c in decided.deferred))
             for completion in decided.deferred:
                 self._record(
                     [completion.claimed], completion.at, Outcome.DEFERRED, completion.error
@@ -979,6 +1012,19 @@ class BucketPoller:
                 count=len(decided.deferred),
                 error=decided.deferred[0].error,
             )
+
+    def _fenced(self, delivered: list[Claimed], marked: int) -> tuple[list[Claimed], list[Claimed]]:
+        """(marked, fenced) of the deliveries whose mark matched ``marked`` of
+        them: the store says how many, not which, so the fenced are taken
+        first among those whose lease this node no longer holds under their
+        token (a newer owner's), for the per-tenant counts."""
+        fenced = len(delivered) - marked
+        if fenced <= 0:
+            return delivered, []
+        lost = [c for c in delivered if not self.leases.is_usable(c.bucket, c.token)]
+        held = [c for c in delivered if self.leases.is_usable(c.bucket, c.token)]
+        ordered = [*lost, *held]
+        return ordered[fenced:], ordered[:fenced]
 
     # -- HTTP calls: started by a round, each settled when it answers ------------
 
@@ -1176,9 +1222,10 @@ class BucketPoller:
         for completion in completions:
             self._record([completion.claimed], completion.at, completion.outcome, completion.error)
             log.warning("publish failed", **_about(completion.claimed), error=completion.error)
-        retried = sum(1 for c in completions if c.outcome == Outcome.RETRYING)
-        self.metrics.deliveries.labels("retried").inc(retried)
-        self.metrics.deliveries.labels("failed").inc(len(completions) - retried)
+        retried = [c.claimed for c in completions if c.outcome == Outcome.RETRYING]
+        failed = [c.claimed for c in completions if c.outcome != Outcome.RETRYING]
+        self.metrics.delivery_outcome("retried", _tenants(retried))
+        self.metrics.delivery_outcome("failed", _tenants(failed))
 
     def _record(
         self, claimed: list[Claimed], at: datetime, outcome: Outcome, error: str | None = None
@@ -1213,7 +1260,7 @@ class BucketPoller:
         the attempt undone (an outage must not spend the retry budget). When
         it took none of the batch's records, it is down: claim no record
         until it answers."""
-        self.metrics.deliveries.labels("deferred").inc(len(decided.put_back))
+        self.metrics.delivery_outcome("deferred", _tenants(decided.put_back))
         reasons = [f.error for f in results if f is not None and f.wait is None]
         kafka_took = any(
             f is None and not is_http(c.doc) for c, f in zip(published, results, strict=True)
@@ -1291,6 +1338,11 @@ class BucketPoller:
         return unsent
 
 
+def _tenants(claims: Iterable[Claimed]) -> list[str]:
+    """The tenant of each claim (the metrics count outcomes by tenant)."""
+    return [str(c.doc.get("tenant")) for c in claims]
+
+
 def _header_text(text: str) -> str:
     """One line of printable ASCII, at most 1 KiB: what a header may carry."""
     return "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))[:1024]
@@ -1334,6 +1386,7 @@ def configured_poller(
     *,
     history: HistoryWriter | None,
     tenant_names: Callable[[], Awaitable[Sequence[str]]],
+    registered_tenants: Callable[[], Awaitable[Sequence[str]]] | None = None,
     wall: Callable[[], datetime] = utcnow,
     http: HttpSink | None = None,
     flow: FlowGates | None = None,
@@ -1361,6 +1414,7 @@ def configured_poller(
         circuit_open=http.circuit_open if http is not None else None,
         history=history,
         tenant_names=tenant_names if config.fair_tenants else None,
+        registered_tenants=registered_tenants,
         wall=wall,
         watch_changes=config.watch_changes,
         flow=flow,
