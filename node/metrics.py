@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -41,6 +42,23 @@ class LeaseBook(Protocol):
 
     @property
     def term(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class DueFigures:
+    """What is due in this node's buckets (node/delivery/due_outlook.py)."""
+
+    backlog: int  # schedules due and not delivered yet
+    oldest_age: float  # seconds the earliest of them is past its due time; 0: none
+
+
+class DueWork(Protocol):
+    """The due work of this node's buckets (node/delivery/due_outlook.py)."""
+
+    def figures(self) -> DueFigures: ...
+
+    async def refresh(self) -> None:
+        """What ``figures`` needs beyond this process, before a scrape."""
 
 
 class StallCounts(Protocol):
@@ -291,6 +309,7 @@ class NodeMetrics:
             registry=r,
         )
         self.http_hosts = HostLabels(MAX_HOST_LABELS)
+        self._due: DueWork | None = None
 
     def delivery_outcome(self, outcome: str, tenants: Iterable[str]) -> None:
         """Count one delivery outcome per tenant named (the tenant of each
@@ -326,6 +345,16 @@ class NodeMetrics:
 
     def watch_clock(self, clock: ClockView) -> None:
         self.registry.register(ClockCollector(clock))
+
+    def watch_due(self, due: DueWork) -> None:
+        self._due = due
+        self.registry.register(DueCollector(due))
+
+    async def prepare(self) -> None:
+        """Before a scrape: what a collector needs of the store (bounded and
+        cached by its owner: ``DueWork.refresh``)."""
+        if self._due is not None:
+            await self._due.refresh()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -457,6 +486,33 @@ class ClockCollector(Collector):
                 "of the store's time can be off",
                 value=uncertainty,
             )
+
+
+class DueCollector(Collector):
+    """What is due in this node's buckets, from the poller's views of them."""
+
+    def __init__(self, due: DueWork) -> None:
+        self.due = due
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        figures = self.due.figures()
+        yield GaugeMetricFamily(
+            "scheduler_due_backlog",
+            "Schedules due and not delivered yet in the buckets this node holds: the claims "
+            "being delivered, and the PENDING ones the poller's views of the buckets hold (no "
+            "store read); where a view holds fewer than are due (a backlog past its read), the "
+            "store's count of its bucket, at most every 10 s, up to 10,000 a bucket, carried "
+            "forward by what was taken since. A lower bound past that, and for a bucket just "
+            "gained until it is read",
+            value=figures.backlog,
+        )
+        yield GaugeMetricFamily(
+            "scheduler_oldest_due_age_seconds",
+            "The store's time now minus the due time of the earliest schedule due and not "
+            "delivered yet in the buckets this node holds (0: none): how late the oldest "
+            "waiting work is",
+            value=figures.oldest_age,
+        )
 
 
 class ReadsCollector(Collector):

@@ -36,6 +36,7 @@ from node import logs, telemetry
 from node.api.app import build_app
 from node.config import SETTINGS, NodeConfig
 from node.delivery.clock import READ_EVERY, StoreClock
+from node.delivery.due_outlook import DueOutlook
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
@@ -233,6 +234,17 @@ class Node:
             wall=self.clock.now,
             http=self.http_sink,
             flow=self.flow,
+        )
+        # The due backlog and its age, from the poller's views; where they
+        # fall short, counted on the API's pool (``due_outlook.py``).
+        self.metrics.watch_due(
+            DueOutlook(
+                self.poller.book,
+                self.leases.usable,
+                self.clock.now,
+                self.store.due_backlog,
+                in_flight=self.poller.in_flight,
+            )
         )
         self.membership: Membership | None = None
         self.ownership = Ownership(

@@ -187,6 +187,7 @@ async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(
     await store.seed(docs)
     assert await schedules.due_backlog(range(16), now) == {1: 2, 2: 1}
     assert await schedules.due_backlog([2, 3], now) == {2: 1}  # its own buckets only
+    assert await schedules.due_backlog(range(16), now, limit=1) == {1: 1, 2: 1}  # bounded
 
 
 async def test_a_mark_acknowledged_just_before_the_store_dies_survives_it(tmp_path: Path) -> None:

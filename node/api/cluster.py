@@ -224,6 +224,7 @@ async def readyz(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
     node_metrics = request.app[CONTEXT].metrics
+    await node_metrics.prepare()
     return web.Response(
         body=node_metrics.render(), headers={"Content-Type": node_metrics.content_type}
     )

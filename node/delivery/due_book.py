@@ -136,6 +136,24 @@ class Read:
     epoch: int = 0
 
 
+@dataclass(frozen=True)
+class Outlook:
+    """What a held bucket's view knows of its PENDING schedules, for the
+    metrics (``DueBook.outlook``; ``due_outlook.py``)."""
+
+    token: int
+    # The due times of the schedules the view holds, earliest first.
+    due_times: tuple[datetime, ...]
+    # More is due than the view holds: it is full (its read returned its
+    # limit) and all it holds is due, or it holds nothing more (all taken).
+    # A read returns the earliest first, so a full view whose last schedule
+    # is due later holds every schedule due before that: not truncated.
+    truncated: bool
+    # Schedules of the bucket taken since the view began (claimed, or
+    # tried), under this token.
+    taken: int
+
+
 @dataclass
 class _View:
     token: int
@@ -154,6 +172,7 @@ class _View:
     reading_until: datetime | None = None  # that read's bound
     hinted_within: bool = False  # a hint due within the read's bound
     hinted_after: datetime | None = None  # the earliest hint due after it
+    taken: int = 0  # schedules of the bucket taken since the view began
     _docs: list[Doc] = field(default_factory=list)
     _behind: list[Doc] = field(default_factory=list)
     _routes: Routes | None = None  # of both, built when asked after a change
@@ -556,6 +575,7 @@ class DueBook:
                 self._taken_meanwhile |= ids
             view = self._views.get(bucket)
             if view is not None:
+                view.taken += len(ids)
                 view.docs = [d for d in view.docs if str(d["_id"]) not in ids]
                 view.behind = [d for d in view.behind if str(d["_id"]) not in ids]
 
@@ -669,6 +689,26 @@ class DueBook:
 
     def held(self) -> dict[int, int]:
         return {bucket: view.token for bucket, view in self._views.items()}
+
+    def outlook(self, tokens: Mapping[int, int], now: datetime) -> dict[int, Outlook]:
+        """What each view held under ``tokens`` (the leases usable now)
+        knows of its bucket at ``now``. A bucket lost, or taken again under
+        another token before a round followed the leases (``sync``), is left
+        out at once; a view not read yet knows of nothing."""
+        found = {}
+        for bucket, token in tokens.items():
+            view = self._views.get(bucket)
+            if view is None or view.token != token:
+                continue
+            truncated = view.full and not (view.docs and _due(view.docs[-1]) > now)
+            due_times = tuple(sorted(_due(doc) for doc in view.all_docs()))
+            found[bucket] = Outlook(token, due_times, truncated, view.taken)
+        return found
+
+    def taken_from(self, bucket: int, token: int) -> int | None:
+        """``Outlook.taken`` of ``bucket`` now (None: no view under ``token``)."""
+        view = self._views.get(bucket)
+        return None if view is None or view.token != token else view.taken
 
     # -- inside ---------------------------------------------------------------------
 

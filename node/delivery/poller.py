@@ -244,6 +244,7 @@ class BucketPoller:
         self._idle.set()
         # Buckets of the batch claimed and not yet completed in this round.
         self._busy: set[int] = set()
+        self._claimed: list[Claimed] = []  # and the claims themselves
         # What a failed round left behind (a store error after its claim):
         # completions decided but not written, and claims that may have been
         # made but were never published. Settled first thing next round.
@@ -305,6 +306,16 @@ class BucketPoller:
 
     def leases_changed(self) -> None:
         self._wake.set()
+
+    def in_flight(self) -> list[Claimed]:
+        """The claims this node holds and has not written back yet: the
+        round's batch being delivered, the HTTP calls out, and what a failed
+        round left to settle. Due, and not delivered yet (the metrics)."""
+        claims = {c.id: c for c in self._claimed}
+        claims.update((c.id, c) for c in self._calls.values())
+        claims.update((c.id, c) for c in self._unclaimed)
+        claims.update((c.claimed.id, c.claimed) for c in self._unsettled)
+        return list(claims.values())
 
     def stop(self) -> None:
         self._stopping = True
@@ -812,19 +823,23 @@ class BucketPoller:
     async def _deliver(self, due: list[dict[str, Any]], tokens: dict[int, int]) -> None:
         now = self.wall()
         started = time.perf_counter()
+        # Out of the book and not yet written back: claimed, as far as the
+        # metrics know, from the moment the claim is asked (``in_flight``).
+        self._claimed = [Claimed(d, tokens[d["bucket"]]) for d in due]
         try:
             claimed = await self.store.claim(due, tokens, self.node_id, now)
         except Exception:
             # No answer, so no knowing which of these the claim took: put back
             # any that our token holds (a claim that never applied matches nothing).
-            self._unclaimed.extend(Claimed(d, tokens[d["bucket"]]) for d in due)
+            self._unclaimed.extend(self._claimed)
             self.book.stale({d["bucket"] for d in due})
+            self._claimed = []
             raise
-        self._busy = {c.bucket for c in claimed}
+        self._busy, self._claimed = {c.bucket for c in claimed}, claimed
         try:
             await self._complete(claimed, started)
         finally:
-            self._busy = set()
+            self._busy, self._claimed = set(), []
 
     async def _complete(self, claimed: list[Claimed], started: float) -> None:
         """Publish what the claim took and still may be, and write what

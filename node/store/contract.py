@@ -347,9 +347,12 @@ class Schedules(Protocol):
         matches (its own status and cursor aside), each count stopping at
         ``limit`` (0: none)."""
 
-    async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
+    async def due_backlog(
+        self, buckets: Collection[int], now: datetime, limit: int = 0
+    ) -> dict[int, int]:
         """bucket -> PENDING schedules due by ``now``, for those of
-        ``buckets`` (a node's own) that have any."""
+        ``buckets`` (a node's own) that have any, each count stopping at
+        ``limit`` (0: none)."""
 
     async def status_counts(self, buckets: Collection[int]) -> dict[str, int]:
         """status -> schedules of ``buckets`` (a node's own), every status named."""

@@ -424,10 +424,13 @@ class MemorySchedules(Faults):
         return counts
 
     @_store_call
-    async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
+    async def due_backlog(
+        self, buckets: Collection[int], now: datetime, limit: int = 0
+    ) -> dict[int, int]:
         counts = {}
         for bucket in sorted(buckets):
             due = self.documents.count(statements.due(bucket, now))
+            due = min(due, limit) if limit else due
             if due:
                 counts[bucket] = due
         return counts

@@ -251,12 +251,18 @@ class ScheduleStore:
         return aware(answer["localTime"])
 
     @store_call
-    async def due_backlog(self, buckets: Collection[int], now: datetime) -> dict[int, int]:
+    async def due_backlog(
+        self, buckets: Collection[int], now: datetime, limit: int = 0
+    ) -> dict[int, int]:
         """bucket -> PENDING schedules already due, for ``buckets`` (a node's
-        own): one bounded count each, so its cost is the backlog it counts."""
+        own): one count each over its range of ``bucket_status_due``, so its
+        cost is the backlog it counts, or ``limit`` index entries at most
+        (0: no limit; a MongoDB server stops there, the embedded store reads
+        the whole range first)."""
+        bound: dict[str, Any] = {"limit": limit} if limit else {}
         counts = {}
         for bucket in sorted(buckets):
-            due = await self.schedules.count_documents(statements.due(bucket, now))
+            due = await self.schedules.count_documents(statements.due(bucket, now), **bound)
             if due:
                 counts[bucket] = due
         return counts
