@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -50,6 +50,8 @@ class DueFigures:
 
     backlog: int  # schedules due and not delivered yet
     oldest_age: float  # seconds the earliest of them is past its due time; 0: none
+    # window (seconds) -> schedules falling due within it from now
+    within: Mapping[int, int] = field(default_factory=dict)
 
 
 class DueWork(Protocol):
@@ -513,6 +515,21 @@ class DueCollector(Collector):
             "waiting work is",
             value=figures.oldest_age,
         )
+        within = GaugeMetricFamily(
+            "scheduler_due_within",
+            "Schedules falling due within the window from now (those due already are in "
+            "scheduler_due_backlog), as the poller's views of this node's buckets hold them: a "
+            "forecast, and a lower bound. A view holds its bucket's earliest PENDING schedules "
+            "up to its last read's bound (a poll interval ahead; with the change feed a "
+            "minute, and an idle bucket's is read only just before its next due time) and "
+            "within a share of the read budget (a truncated view, full, knows nothing past "
+            "its last). What lies past either is not counted, so a window longer than the "
+            "reads look ahead says little more than the minute",
+            labels=["window"],
+        )
+        for window, count in sorted(figures.within.items()):
+            within.add_metric([f"{window}s"], count)
+        yield within
 
 
 class ReadsCollector(Collector):

@@ -16,6 +16,7 @@ from node.delivery import due_outlook
 from node.delivery.due_book import DueBook
 from node.delivery.due_outlook import COUNT_BUCKETS, COUNT_EVERY, Counted, DueOutlook, figures
 from node.errors import StoreUnavailable
+from node.metrics import DueFigures
 from node.schedule.record import Record
 from node.store.memory import MemoryLeases, MemorySchedules
 from tests.virtual import Owner, VirtualTime, schedule
@@ -100,8 +101,9 @@ def test_nothing_due_is_a_backlog_of_0_and_an_age_of_0() -> None:
     book = DueBook(refresh=REFRESH, budget=100)
     book.sync({0: 1})
     Pending([doc("a", 0, 0.5)]).read(book, 0.0)
-    assert figures(book.outlook({0: 1}, at(0.0)), {}, at(0.0)) == figures({}, {}, at(0.0))
-    assert (figures({}, {}, at(0.0)).backlog, figures({}, {}, at(0.0)).oldest_age) == (0, 0.0)
+    nothing = figures(book.outlook({0: 1}, at(0.0)), {}, at(0.0))
+    assert (nothing.backlog, nothing.oldest_age, nothing.within[60]) == (0, 0.0, 1)
+    assert figures({}, {}, at(0.0)) == DueFigures(0, 0.0, {60: 0, 300: 0, 3600: 0})
 
 
 def test_a_truncated_view_counts_at_least_what_it_holds_and_the_stores_count_carried_forward() -> (
@@ -143,6 +145,37 @@ def test_a_bucket_lost_or_taken_again_stops_counting_at_once() -> None:
     # The leases say so before the poller's next round follows them.
     assert figures(book.outlook({1: 1}, at(0.0)), {}, at(0.0)).backlog == 1
     assert figures(book.outlook({0: 2, 1: 1}, at(0.0)), {}, at(0.0)).oldest_age == 1.0
+
+
+def test_the_forecast_is_what_the_views_hold_falling_due_within_each_window() -> None:
+    book = DueBook(refresh=REFRESH, budget=100)
+    book.watch(True)  # the change feed open: a read looks a minute ahead
+    book.sync({0: 1, 1: 1})
+    held = [doc("due", 0, -1.0), doc("a", 0, 10.0), doc("b", 0, 59.0), doc("c", 1, 60.0)]
+    unread = [doc("d", 1, 61.0), doc("e", 1, 250.0)]  # past the reads' bound
+    Pending([*held, *unread]).read(book, 0.0)
+    tokens = {0: 1, 1: 1}
+    assert figures(book.outlook(tokens, at(0.0)), {}, at(0.0)).within == {
+        60: 3,
+        300: 3,  # a lower bound: d and e are not read yet
+        3600: 3,
+    }
+    # Half a minute on, a and b are due: the backlog's, not the forecast's.
+    later = figures(book.outlook(tokens, at(59.0)), {}, at(59.0))
+    assert (later.backlog, later.within) == (3, {60: 1, 300: 1, 3600: 1})
+    assert figures(book.outlook({1: 1}, at(0.0)), {}, at(0.0)).within[60] == 1  # 0 lost
+
+
+def test_a_truncated_views_forecast_is_what_it_holds() -> None:
+    book = DueBook(refresh=REFRESH, budget=4, min_read=4)
+    book.sync({0: 1})
+    Pending([doc(f"s{i}", 0, -10.0 + i) for i in range(10)] + [doc("soon", 0, 0.5)]).read(book, 0.0)
+    counted = {0: Counted(token=1, count=10, taken=0, at=0.0)}
+    assert figures(book.outlook({0: 1}, at(0.0)), counted, at(0.0)).within == {
+        60: 0,  # "soon" waits unread behind the backlog: a lower bound
+        300: 0,
+        3600: 0,
+    }
 
 
 # -- the store's count: only for truncated views, bounded and cached --------------
@@ -341,6 +374,11 @@ async def test_a_quiet_owners_figures_cost_the_store_nothing(
         asked = sum(schedules.calls.values()) - before
         await owner.run(60.0)
         assert asked == sum(schedules.calls.values()) - before - asked
+        # A quiet view is read just before its next due time: the forecast
+        # sees the schedule from then (a lower bound before).
+        assert due.figures().within == {60: 0, 300: 0, 3600: 0}
+        await owner.run(3600.0 - 0.5 - time.elapsed)
+        assert due.figures().within == {60: 1, 300: 1, 3600: 1}
     finally:
         await owner.close_feed()
 

@@ -5,7 +5,7 @@ chooses with AUTH off: both must stay bounded. The build's version."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from typing import Any
 
@@ -142,6 +142,21 @@ async def test_a_node_counts_deliveries_by_registered_tenant_and_the_rest_as_oth
         if dict(labels)["outcome"] == "delivered"
     } == {"acme": 2, "other": 1, "default": 1}
     assert (await scrape(node))["scheduler_build_info"] == {(("version", metadata_version()),): 1}
+
+
+async def test_a_node_forecasts_what_its_views_hold_due_soon(start_node: NodeFactory) -> None:
+    node = await start_node()
+    windows = {(("window", w),) for w in ("60s", "300s", "3600s")}
+    assert (await scrape(node))["scheduler_due_within"] == dict.fromkeys(windows, 0)
+    soon = (datetime.now(UTC) + timedelta(seconds=45)).isoformat()
+    body = {"id": "soon", "topic": unique("soon"), "executeAt": soon, "payload": 1}
+    assert (await node.request("POST", "/v1/schedules", json=body))[0] == 201
+
+    async def forecast() -> bool:
+        return (await scrape(node))["scheduler_due_within"] == dict.fromkeys(windows, 1)
+
+    await wait_until(forecast, within=40, what="the schedule in the forecast")
+    assert (await scrape(node))["scheduler_due_backlog"] == {(): 0}
 
 
 def metadata_version() -> str:
