@@ -265,21 +265,6 @@ def metric_samples(metrics: Any, name: str) -> dict[tuple[str, ...], float]:
     return found
 
 
-# Metrics docker/alerts.yml and docker/grafana-dashboard.json read before
-# node/metrics.py declares them (they are being added beside those files):
-# the checks that every metric the rules and the dashboard read is one a node
-# exposes let these through. Drop each here once a node exposes it.
-COMING_METRICS = frozenset(
-    {
-        "scheduler_build_info",
-        "scheduler_due_backlog",
-        "scheduler_due_within",
-        "scheduler_oldest_due_age_seconds",
-        "scheduler_tenant_deliveries_total",
-    }
-)
-
-
 def metrics_read(expr: str) -> set[str]:
     """The scheduler's metrics a PromQL expression reads (as written: a
     counter with _total, a histogram's _bucket), not recording rules."""
