@@ -1,8 +1,9 @@
 """Who is calling: ``Authorization: Bearer KEY`` mapped to a tenant.
 
 With auth on (the default of ``python -m node run``) every route needs a key
-except the probes, the metrics, the OpenAPI document, the cluster page's
-HTML and the node-to-node wake-up hint (which no tenant sends: with
+except the probes, the metrics, the OpenAPI document, the console's files
+(its HTML, script and stylesheet: the console asks for a key, then sends it
+with every call) and the node-to-node wake-up hint (which no tenant sends: with
 CLUSTER_KEYS set, it needs the cluster's signature instead, see
 ``cluster.wake``); the operator routes
 (``/v1/cluster``, ``/v1/admin/``, ``/v1/chaos/``) need an admin tenant's key.
@@ -26,7 +27,16 @@ from node.schedule.model import DEFAULT_TENANT
 from node.tenants.directory import TenantDirectory
 
 OPEN_ROUTES = frozenset(
-    {"/", "/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/internal/wake"}
+    {
+        "/",
+        "/console.js",
+        "/console.css",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/openapi.json",
+        "/v1/internal/wake",
+    }
 )
 ADMIN_PREFIXES = ("/v1/cluster", "/v1/admin/", "/v1/chaos/")
 CALLER: web.RequestKey[Caller] = web.RequestKey("caller")

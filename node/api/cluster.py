@@ -1,6 +1,7 @@
 """The cluster's routes: this node's view (``/v1/cluster``, the backlog, the
-cluster page), the operator's drain, node-to-node wake-up hints, the probes,
-the metrics and the OpenAPI document.
+counts), the operator's drain, node-to-node wake-up hints, the probes, the
+metrics, the OpenAPI document and the operator console (``/`` and its
+script and stylesheet).
 """
 
 from __future__ import annotations
@@ -21,8 +22,34 @@ from node.schedule.times import parse_time
 from ring import parse_version
 
 OPENAPI = openapi_document()
-CLUSTER_PAGE = (resources.files("node.api") / "static" / "cluster.html").read_text(encoding="utf-8")
-# Several open cluster pages cost one backlog query a second, not one each.
+
+# The console: a fixed list of files, each at a route of its own (no
+# directory is served, so no path can reach another file), read once.
+CONSOLE_FILES = {
+    "/": ("console.html", "text/html"),
+    "/console.js": ("console.js", "text/javascript"),
+    "/console.css": ("console.css", "text/css"),
+}
+_CONSOLE = {
+    path: ((resources.files("node.api") / "static" / name).read_bytes(), content_type)
+    for path, (name, content_type) in CONSOLE_FILES.items()
+}
+# No inline script or style, nothing fetched from elsewhere, no framing: the
+# console shows what tenants stored (labels, payloads), and even text that
+# slipped into the page as HTML could neither run nor load anything
+# (https://www.w3.org/TR/CSP3/).
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+CONSOLE_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    # A node upgraded in place serves its new console at the next load.
+    "Cache-Control": "no-cache",
+}
+# Several open consoles cost one backlog query a second, not one each.
 BACKLOG_CACHE_SECONDS = 1.0
 BACKLOG: web.AppKey[Backlog] = web.AppKey("backlog")
 # Counting every status reads as many index entries as there are schedules:
@@ -82,7 +109,7 @@ async def view_of(context: ApiContext) -> dict[str, Any]:
 
 
 class Backlog:
-    """Due-now schedules per bucket, for the cluster page, cached for a second."""
+    """Due-now schedules per bucket, for the console's cluster view, cached for a second."""
 
     def __init__(self) -> None:
         self._cached: tuple[float, dict[str, Any]] | None = None
@@ -104,8 +131,8 @@ class Backlog:
 
 
 class StatusCounts:
-    """Schedules of this node's buckets by status, for the cluster page,
-    cached for COUNTS_CACHE_SECONDS."""
+    """Schedules of this node's buckets by status, for the console's cluster
+    view, cached for COUNTS_CACHE_SECONDS."""
 
     def __init__(self) -> None:
         self._cached: tuple[float, dict[str, Any]] | None = None
@@ -184,15 +211,23 @@ async def cluster_backlog(request: web.Request) -> web.Response:
 
 @routes.get("/v1/cluster/counts")
 async def cluster_counts(request: web.Request) -> web.Response:
-    """This node's buckets' schedules by status (the page sums every node's)."""
+    """This node's buckets' schedules by status (the console says they are
+    this node's: the cluster's would be every node's added up)."""
     return json_response(await request.app[COUNTS].get(request.app[CONTEXT]))
 
 
-@routes.get("/")
-async def cluster_page(request: web.Request) -> web.Response:
-    """Members, bucket ownership, leases, backlog and lateness, refreshing
-    every second: plain HTML and a small script over the JSON API."""
-    return web.Response(text=CLUSTER_PAGE, content_type="text/html", charset="utf-8")
+async def console_file(request: web.Request) -> web.Response:
+    """The operator console (schedules, one schedule's page and its verbs,
+    bulk verbs, the cluster view): plain HTML, one script and one
+    stylesheet over the JSON API, no library."""
+    body, content_type = _CONSOLE[request.path]
+    return web.Response(
+        body=body, content_type=content_type, charset="utf-8", headers=CONSOLE_HEADERS
+    )
+
+
+for _path in CONSOLE_FILES:
+    routes.get(_path)(console_file)
 
 
 @routes.get("/v1/openapi.json")

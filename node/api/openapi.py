@@ -1094,8 +1094,28 @@ PATHS: dict[str, Any] = {
     },
     "/": {
         "get": {
-            "summary": "The cluster page (HTML)",
+            "summary": "The operator console (HTML): schedules, their verbs, the cluster view",
+            "description": "Served with a strict Content-Security-Policy (no inline script "
+            "or style); its script and stylesheet are the two routes below. With auth on, "
+            "the page asks for an API key and sends it as a Bearer token.",
             "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {}}}}},
+        }
+    },
+    "/console.js": {
+        "get": {
+            "summary": "The console's script",
+            "responses": {
+                "200": {
+                    "description": "JavaScript",
+                    "content": {"text/javascript": {"schema": {}}},
+                }
+            },
+        }
+    },
+    "/console.css": {
+        "get": {
+            "summary": "The console's stylesheet",
+            "responses": {"200": {"description": "CSS", "content": {"text/css": {"schema": {}}}}},
         }
     },
     "/healthz": {
