@@ -116,13 +116,12 @@ async function whoAmI() {
     const view = await api("GET", "/v1/cluster");
     admin = true;
     $("self").textContent = view.self;
-  } catch (error) {
-    admin = false;
-    if (!(error instanceof ApiError) || error.status !== 403) {
-      $("self").textContent = "";
-    }
+  } catch (_) {
+    admin = false; // 403: a tenant's key; 401: none yet (the page asks)
+    $("self").textContent = "";
   }
   show($("tab-cluster"), admin);
+  show($("self-line"), admin);
 }
 
 $("key-form").addEventListener("submit", async (event) => {
