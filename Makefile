@@ -29,14 +29,14 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The cluster page's test runs in the distribution's Chromium: install it where
-# this machine allows (root with apt-get); elsewhere that one test skips, saying why.
+# The console's tests run in the distribution's Chromium: install it where
+# this machine allows (root with apt-get); elsewhere those tests skip, saying why.
 browser:
 	@command -v chromium >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	       && { apt-get install -y -q chromium >/dev/null 2>&1 \
 	            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } \
-	  || echo "make: no Chromium (needs root and apt-get): the browser test will skip"
+	  || echo "make: no Chromium (needs root and apt-get): the browser tests will skip"
 
 # The alert rules' tests run promtool, which the distribution's prometheus
 # package ships: install it where this machine allows (root with apt-get),
