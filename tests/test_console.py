@@ -2,13 +2,15 @@
 embedded store and broker: its files and their headers, then the page in a
 real headless browser (Debian's Chromium, driven by Playwright): find a
 schedule by label, open it, pause it, meet a stale version's 412, change it,
-bulk-pause by label after a dry run; stored text never runs as script; with
+bulk-pause by label after a dry run; a delivered one's history, a large
+payload shown in part, a cancel; stored text never runs as script; with
 auth on, the key goes as a Bearer token and a tenant that is not an admin
 sees no cluster view. The three-node cluster view is tests/test_cluster_page.py's.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -22,7 +24,7 @@ from playwright.async_api import Browser, ConsoleMessage, Page, Request, async_p
 from node.api.cluster import CONTENT_SECURITY_POLICY
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant
-from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, unique
+from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, unique, wait_until
 
 STATIC = Path(__file__).parent.parent / "node" / "api" / "static"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -34,6 +36,7 @@ needs_chromium = pytest.mark.skipif(
 WAIT_MS = 30_000  # a hang guard, far above what a healthy run needs
 expect.set_options(timeout=WAIT_MS)
 FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+PREVIEW_CHARS = 2000  # console.js: the payload a schedule's page shows
 # Stored text that would run if it ever reached the page as HTML.
 SCRIPT = "<script>window.__pwned=1</script>"
 IMAGE = "<img src=x onerror=window.__pwned=1>"
@@ -237,6 +240,52 @@ async def test_find_open_pause_a_stale_version_and_a_bulk_pause(
     await expect(page.locator("#rows tr .status")).to_have_text(["PAUSED"] * 3)
 
     assert not await watched.pwned()
+    assert watched.errors == []
+
+
+@needs_chromium
+async def test_a_page_shows_the_history_a_bounded_payload_and_cancels(
+    start_node: NodeFactory, browser: Browser
+) -> None:
+    node = await start_node()
+    topic = unique("console")
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    due_now = {"id": "due-1", "topic": topic, "executeAt": now, "payload": {"n": 1}}
+    payload = {"text": "x" * (3 * PREVIEW_CHARS)}
+    big = schedule(topic, "big-1", payload=payload)
+    for body in (due_now, big):
+        status, answer = await node.request("POST", "/v1/schedules", json=body)
+        assert status == 201, answer
+
+    async def delivered() -> bool:
+        return (await status_of(node, "due-1"))[0] == "DELIVERED"
+
+    await wait_until(delivered, what="due-1 delivered")
+    watched = Watched(await browser.new_page())
+    page = watched.page
+    # A delivered one: its history, and no verb it cannot take.
+    await page.goto(node.url + "/#/schedule/default/due-1")
+    await expect(page.locator("#s-status")).to_have_text("DELIVERED")
+    await expect(page.locator("#s-history tr")).to_have_count(1)
+    await expect(page.locator("#s-history tr td").nth(3)).to_have_text("delivered")
+    for verb in ("pause", "resume", "trigger", "retry", "cancel"):
+        await expect(page.locator(f"#s-actions [data-verb={verb}]")).to_be_disabled()
+    await expect(page.locator("#s-edit")).to_be_hidden()
+
+    # A large payload: the first PREVIEW_CHARS characters, and its size.
+    await page.goto(node.url + "/#/schedule/default/big-1")
+    await expect(page.locator("#s-payload-size")).to_have_text(
+        f"{len(json.dumps(payload, separators=(',', ':')))} bytes of JSON; "
+        f"the first {PREVIEW_CHARS} characters shown"
+    )
+    shown = await page.locator("#s-payload").text_content() or ""
+    assert len(shown) <= PREVIEW_CHARS + 2 and shown.endswith("…")
+    await expect(page.locator("#s-edit [name=payload]")).to_be_disabled()
+    await expect(page.locator("#s-history")).to_contain_text("No delivery attempt yet.")
+
+    await page.click("#s-actions [data-verb=cancel]")
+    await expect(page.locator("#s-status")).to_have_text("CANCELLED")
+    assert (await status_of(node, "big-1"))[0] == "CANCELLED"
     assert watched.errors == []
 
 
