@@ -115,7 +115,7 @@ def envelope_size(sender: str) -> int:
 
 
 # A member id is what a node id may be (node.config): it names the member in
-# logs, metrics, the cluster page and the leases it holds.
+# logs, metrics, the console's cluster view and the leases it holds.
 MEMBER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # Metadata: at most 32 pairs, keys shaped like ids, each once; values are
 # printable ASCII (host:port, version numbers), at most 256 characters.

@@ -352,7 +352,7 @@ class Node:
             config=preset(config.membership_preset),
             seeds=config.seeds,
             keys=config.cluster_keys,
-            # Other nodes reach our API here (wake-up hints, the cluster page),
+            # Other nodes reach our API here (wake-up hints, the console's links),
             # and learn which bucket placement we run, so all use the oldest one.
             meta=self._meta(),
         )
@@ -391,7 +391,7 @@ class Node:
             )
 
     def _meta(self) -> dict[str, str]:
-        # Other nodes reach our API here (wake-up hints, the cluster page),
+        # Other nodes reach our API here (wake-up hints, the console's links),
         # learn which bucket placement we run, so all use the oldest one,
         # and whether we can work (reach the store).
         return {
