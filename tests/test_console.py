@@ -289,6 +289,65 @@ async def test_a_page_shows_the_history_a_bounded_payload_and_cancels(
     assert watched.errors == []
 
 
+FILTER_INPUTS = ("label", "key", "topic", "host", "dueAfter", "dueBefore", "tenant")
+
+
+async def search(page: Page, **given: str) -> None:
+    """Fill the browser's filters (the others emptied) and search."""
+    for name in FILTER_INPUTS:
+        await page.fill(f"#filters [name={name}]", given.get(name, ""))
+    for name in ("status", "destination"):
+        await page.select_option(f"#filters [name={name}]", given.get(name, ""))
+    await page.click("#search")
+
+
+def local(moment: datetime) -> str:
+    """A time as a datetime-local input takes it (the page's zone is UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@needs_chromium
+async def test_the_filters_are_the_listings(start_node: NodeFactory, browser: Browser) -> None:
+    node = await start_node()
+    first, second = unique("console"), unique("console")
+    now = datetime.now(UTC)
+    for schedule_id, topic, key, hours in (
+        ("a-1", first, "k-1", 1),
+        ("a-2", second, "k-2", 3),
+        ("a-3", first, "k-3", 5),
+    ):
+        at = (now + timedelta(hours=hours)).isoformat().replace("+00:00", "Z")
+        body = schedule(topic, schedule_id, key=key, executeAt=at)
+        status, answer = await node.request("POST", "/v1/schedules", json=body)
+        assert status == 201, answer
+    status, _ = await node.request("POST", "/v1/schedules/a-3:pause")
+    assert status == 200
+
+    watched = Watched(await browser.new_page(timezone_id="UTC"))
+    page = watched.page
+    await page.goto(node.url + "/")
+    await expect(page.locator("#rows tr")).to_have_count(3)
+    rows = page.locator("#rows tr")
+    await search(page, status="PAUSED")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_have_attribute("data-id", "a-3")
+    await search(page, key="k-2")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_have_attribute("data-id", "a-2")
+    await search(page, topic=first)
+    await expect(rows).to_have_count(2)
+    await expect(page.locator("#counts")).to_have_text("Matches by status: PENDING 1 · PAUSED 1")
+    await search(
+        page, dueAfter=local(now + timedelta(hours=2)), dueBefore=local(now + timedelta(hours=4))
+    )
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_have_attribute("data-id", "a-2")
+    await search(page, topic=first, destination="http")
+    await expect(rows).to_have_count(0)
+    await expect(page.locator("#empty")).to_be_visible()
+    assert watched.errors == []
+
+
 # -- in the browser, auth on ------------------------------------------------------
 
 
