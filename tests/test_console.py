@@ -396,6 +396,8 @@ async def test_with_auth_the_key_goes_as_bearer_and_only_an_admin_sees_the_clust
     await page.goto(node.url + "/#/cluster")
     await expect(page.locator("#notice")).to_contain_text("needs an admin tenant's API key")
     await expect(page.locator("#view-cluster")).to_be_hidden()
+    await expect(page.locator("#drain")).to_be_hidden()
+    await expect(page.locator("#members tr")).to_have_count(0)
     await expect(page.locator("#view-schedules")).to_be_visible()
     await page.click("#rows a:text-is('invoice-9')")
     await page.click("#s-actions [data-verb=pause]")
