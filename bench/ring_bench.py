@@ -1,7 +1,7 @@
 """``python -m bench ring``: balance and movement of the bucket placements.
 
 For B = 256 (the default ``BUCKETS``) and B = 4096 (about 32 buckets a
-member at 128, the README's sizing for clusters that large) buckets and N = 2..128 members
+member at 128, the manual's sizing for clusters that large) buckets and N = 2..128 members
 (``--quick``: 2..50), named node-0 .. node-(N-1), for plain ketama and for
 the bounded rendezvous placement in use:
 

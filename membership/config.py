@@ -1,7 +1,7 @@
 """Membership timing and bounds: immutable, validated, with named presets.
 
 ``lan`` takes memberlist's ``DefaultLANConfig`` values (config.go), the
-reference the figures in the README are compared with. ``fast`` trades more
+reference the figures in docs/performance.md are compared with. ``fast`` trades more
 packets for quicker detection on a small, quiet network.
 """
 

@@ -2,8 +2,8 @@
 environment (flags win), before anything is started.
 
 Every setting is declared once in ``SETTINGS`` with its environment name, its
-flag, its default and why that default; the CLI, the validation and the README
-table all come from that list.
+flag, its default and why that default; the CLI, the validation and the manual's
+table (docs/configuration.md) all come from that list.
 """
 
 from __future__ import annotations
@@ -859,7 +859,7 @@ def _check_together(values: Mapping[str, Any]) -> None:
 
 
 def describe(settings: Sequence[Setting] = SETTINGS) -> str:
-    """The configuration table as Markdown (kept in the README)."""
+    """The configuration table as Markdown (kept in docs/configuration.md)."""
     rows = ["| environment | flag | default | meaning |", "| --- | --- | --- | --- |"]
     for s in settings:
         rows.append(f"| `{s.env}` | `{s.flag}` | `{s.default or '-'}` | {s.help} |")

@@ -110,7 +110,7 @@ class Node:
         # Two clients, two connection pools: the owner's work (leases, due
         # reads, claims, marks, the store's clock, which is also the probe of
         # reaching the store) never queues behind the API's reads, however
-        # many a flood of listings holds (README, "Bounds").
+        # many a flood of listings holds (docs/operations.md, "Bounds").
         self.client: AsyncMongoClient[dict[str, Any]] = self._mongo_client("work")
         self.api_client: AsyncMongoClient[dict[str, Any]] = self._mongo_client(
             "api", maxPoolSize=config.api_pool_size

@@ -80,13 +80,13 @@ def test_run_with_invalid_config_exits_2_with_one_line_before_starting() -> None
     assert result.stdout == ""
 
 
-def test_the_readme_table_is_the_settings_table() -> None:
+def test_the_manual_table_is_the_settings_table() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    start = readme.index("-->\n", readme.index("<!-- config-table")) + 4
-    end = readme.index("\n<!-- /config-table -->")
-    assert readme[start:end] == node_config.describe()
+    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    start = page.index("-->\n", page.index("<!-- config-table")) + 4
+    end = page.index("\n<!-- /config-table -->")
+    assert page[start:end] == node_config.describe()
 
 
 def test_cluster_keys_are_parsed_and_never_printed() -> None:

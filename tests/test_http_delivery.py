@@ -107,7 +107,7 @@ async def reaches(node: NodeHandle, schedule_id: str, status: str) -> dict[str, 
 
 
 def fence_signature_valid(arrival: Arrival) -> bool:
-    """The fence header set, verified as the README tells a receiver to."""
+    """The fence header set, verified as docs/api.md tells a receiver to."""
     key = base64.b64decode(SECRET.removeprefix("whsec_"))
     h = arrival.headers
     signed = ".".join([h["webhook-id"], h["webhook-timestamp"], *(h[n] for n in FENCE_SIGNED)])

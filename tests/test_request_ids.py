@@ -1,4 +1,4 @@
-"""A request id from the POST to what it became (README, "Following one
+"""A request id from the POST to what it became (docs/observability.md, "Following one
 request"): echoed in the answer, on the access log line and the delivery's
 log line, in the Kafka record's and the HTTP call's headers, and in the
 schedule's history; made here when the caller gives none; taken from a W3C

@@ -96,7 +96,7 @@ def test_a_join_moves_at_most_1_5_over_n_plus_1_of_the_buckets(n: int) -> None:
 
 def test_the_joins_that_miss_the_aim_are_exactly_the_known_ones() -> None:
     # A placement change that fixes or adds a miss must update the list (and
-    # the README figures), so it cannot drift unnoticed either way.
+    # the figures in docs/performance.md), so it cannot drift unnoticed either way.
     assert [n for n in range(2, 33) if join_x(n) > JOIN_AIM] == sorted(JOIN_AIM_MISSES)
 
 
@@ -109,7 +109,7 @@ def test_past_32_members_no_join_moves_more_than_5_times_the_ideal(n: int) -> No
 
 @pytest.mark.parametrize("n", [33, 64, 100, 127])
 def test_with_about_20_buckets_a_member_every_aim_holds_past_32_members(n: int) -> None:
-    # What the README's sizing advice rests on (python -m bench ring checks
+    # What the manual's sizing advice rests on (python -m bench ring checks
     # every N from 2 to 128; at B = 256, 64, 100 and 127 miss).
     big = 4096
     now = bounded(members(n), big)

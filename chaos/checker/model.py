@@ -33,7 +33,7 @@ from chaos.history import HTTP, KAFKA, Call, History, occurrence
 
 # Lateness past this, of a unit due outside every fault's intended window,
 # fails a run: outside the faults, deliveries run well under a second late
-# (README, "Chaos"), and inside one a hand-over takes detection plus a lease.
+# (docs/chaos.md), and inside one a hand-over takes detection plus a lease.
 LATE_OUTSIDE_WINDOWS = 10.0
 # How the load's verbs are named in the count of their answers.
 VERB_NAMES = {

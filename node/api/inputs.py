@@ -22,7 +22,7 @@ _PAGE_SIZE = re.compile(r"[0-9]{1,4}")
 BODY_LEFT: web.RequestKey[bool] = web.RequestKey("body_left")
 # A body past this size is a large one: a node takes in at most
 # MAX_LARGE_BODIES of them at once, each held (with what it parses to)
-# until its answer is sent, so their memory has a bound (README, "Bounds").
+# until its answer is sent, so their memory has a bound (docs/operations.md, "Bounds").
 LARGE_BODY_BYTES = 1024 * 1024
 MAX_LARGE_BODIES = 2
 # How long a large body waits for its turn before the answer is a 503.

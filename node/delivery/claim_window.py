@@ -6,7 +6,7 @@ update per schedule). When a burst falls due, every owner claims at the
 same instant on one store, so with the full ``BATCH_SIZE`` of 500 the first
 record of 2,000 due at once at three nodes waited for 1,500 updates:
 1.0 s on the embedded store, against 0.1 s when the first claim took 50
-(``python -m bench scale``, README "Performance").
+(``python -m bench scale``, docs/performance.md).
 
 So, as TCP opens its window, a round after an idle one claims ``FIRST``
 schedules, and each round that fills its window doubles it, up to the

@@ -68,7 +68,7 @@ from node.schedule.times import aware
 from node.store.contract import Claimed, Completion, Occurrence, Outcome
 
 # The lastError of an EXPIRED schedule one of whose attempts was in flight
-# when its owner stopped (README, "Deadlines").
+# when its owner stopped (docs/operations.md, "Deadlines").
 RECOVERED_EXPIRY = (
     "expired after a recovery: an earlier attempt was in flight when its owner stopped, "
     "and may have been published before the deadline"

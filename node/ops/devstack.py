@@ -214,7 +214,7 @@ class DevStack:
                 "--mongo-database", o.database,
                 "--kafka-bootstrap", kafka_address,
                 "--log-format", "console",
-                "--auth", "off",  # a laptop's stack: no keys (README "Tenants")
+                "--auth", "off",  # a laptop's stack: no keys (docs/api.md, "Tenants")
             ]  # fmt: skip
             nodes.append(
                 self._spawn(

@@ -1,5 +1,5 @@
 """A request's id, from the POST that made a schedule to the record or call
-it became (README, "Following one request").
+it became (docs/observability.md).
 
 Every API call has a request id: the caller's ``X-Request-ID``, else the
 trace id of its W3C ``traceparent``, else one made here. The answer echoes

@@ -168,7 +168,7 @@ INDEXES = [
     # PATCH. A status is applied within the due range, and counts per status
     # come from tenant_status_bucket_due. (The embedded SecantusDB rewrites
     # every index entry of a document on any update, so there these four
-    # listing indexes cost on every claim and mark too: README, "Changing a
+    # listing indexes cost on every claim and mark too: docs/api.md, "Changing a
     # schedule".)
     IndexSpec("by_tenant_due", [("tenant", ASCENDING), ("dueAt", ASCENDING), ("_id", ASCENDING)]),
     # Retention: a schedule that has ended carries expireAt, and MongoDB's

@@ -18,7 +18,7 @@ which its cap bounds) reads one document: those are not charged, as
 creates are not (they have the intake rate, ``quotas.py``).
 
 Like the intake rate, the budget is cluster-wide and each node grants its
-share, rate / alive nodes, with no coordination (README, "Bounds"). The cost
+share, rate / alive nodes, with no coordination (docs/operations.md, "Bounds"). The cost
 of a call is known only once it is done, so a call is let through while the
 balance is not negative and charged after: a tenant can overdraw by one
 call, which it then waits out.
