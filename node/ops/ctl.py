@@ -230,7 +230,7 @@ def _add_label_option(parser: argparse.ArgumentParser, text: str) -> None:
 
 def _add_when(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at", help="executeAt, RFC 3339 (2030-01-01T00:00:00Z)")
+    when.add_argument("--at", help="executeAt, RFC 3339 with an offset (YYYY-MM-DDTHH:MM:SSZ)")
     when.add_argument("--in", dest="delay", type=float, help="seconds from now")
 
 
