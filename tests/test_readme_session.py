@@ -1,0 +1,228 @@
+"""The README's five-minute session, run as written against a dev stack.
+
+The blocks under a ``<!-- session -->`` marker are one bash script; each
+``# →`` line after a command is what it prints (``...`` stands for anything).
+The test starts ``python -m node dev`` on free ports, changes only what the
+README tells a user with other ports to change (the ports in the URLs,
+``--bootstrap`` for ``scheduler tail``, ``SCHEDULER_URL``), runs the script
+with bash, and checks each step's output against its ``# →`` lines, in order.
+``scheduler`` is the console script pyproject.toml declares; here a shim runs
+the same entry point with this interpreter, so the checkout under test is the
+one that runs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from node.ops import embedded
+
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+MARKER = "<!-- session -->"
+EXPECT = "# → "
+STEP = "@@step {}@@"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the script prints between two expectations, and the expectations."""
+
+    commands: str
+    expected: tuple[str, ...]
+
+
+def session_blocks(text: str) -> list[str]:
+    """The ```sh blocks right after each session marker."""
+    blocks = re.findall(re.escape(MARKER) + r"\n```sh\n(.*?)\n```", text, re.S)
+    assert len(blocks) == text.count(MARKER), "a session marker not followed by a ```sh block"
+    return blocks
+
+
+def steps(blocks: list[str]) -> list[Step]:
+    """Cut the script at each run of ``# →`` lines: the commands before it and
+    what they must print."""
+    found: list[Step] = []
+    commands: list[str] = []
+    expected: list[str] = []
+    for line in "\n".join(blocks).splitlines():
+        if line.startswith(EXPECT):
+            expected.append(line[len(EXPECT) :])
+            continue
+        if expected:
+            found.append(Step("\n".join(commands), tuple(expected)))
+            commands, expected = [], []
+        commands.append(line)
+    if expected:
+        found.append(Step("\n".join(commands), tuple(expected)))
+    return found
+
+
+def script(found: list[Step]) -> str:
+    """One bash script: each step's commands, then a marker line, so the
+    output can be cut back into steps."""
+    parts = []
+    for n, step in enumerate(found):
+        parts.append(step.commands)
+        parts.append(f"printf '\\n{STEP.format(n)}\\n'")
+    return "\n".join(parts) + "\n"
+
+
+def pattern(expected: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in expected.split("...")))
+
+
+def unmatched(expected: tuple[str, ...], output: str) -> list[str]:
+    """The expected lines not found in ``output``, each after the one before."""
+    lines = output.splitlines()
+    missing, at = [], 0
+    for line in expected:
+        for i in range(at, len(lines)):
+            if pattern(line).fullmatch(lines[i].rstrip()):
+                at = i + 1
+                break
+        else:
+            missing.append(line)
+    return missing
+
+
+# -- the parts, on their own ----------------------------------------------------------
+
+
+def test_the_readme_has_a_session_of_several_checked_steps() -> None:
+    found = steps(session_blocks(README.read_text()))
+    assert len(found) >= 8
+    assert all(step.commands.strip() for step in found)
+
+
+def test_a_step_that_prints_something_else_fails() -> None:
+    assert unmatched(("{...} 201",), '{"id":"a"} 201') == []
+    assert unmatched(("{...} 201",), '{"id":"a"} 200') == ["{...} 201"]
+    assert unmatched(("a", "b"), "b\na") == ["b"]  # in order
+    assert unmatched(("node-1 ... alive ...",), "node-1   alive   x") == []
+
+
+def test_scheduler_is_the_console_script_of_python_m_node() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["scheduler"] == "node.ops.cli:main"
+
+
+def test_python_m_node_without_the_dependencies_says_what_to_run() -> None:
+    # -S: no site-packages, as the system's Python without the virtualenv.
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "node", "ctl", "members"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "make run" in result.stderr and ".venv/bin/scheduler" in result.stderr
+
+
+# -- the session against a dev stack ----------------------------------------------------
+
+
+class Stack:
+    """``python -m node dev`` on free ports, until ``dev: ready``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.http = embedded.consecutive_free_ports(3)
+        self.kafka = embedded.free_port()
+        gossip = embedded.consecutive_free_ports(3, (socket.SOCK_DGRAM,))
+        args = ["--nodes", "3", "--http-port", str(self.http), "--gossip-port", str(gossip)]
+        args += ["--mongo-port", str(embedded.free_port()), "--kafka-port", str(self.kafka)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "node", "dev", *args, "--data-dir", str(data_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_ready(self, within: float = 120) -> None:
+        seen: list[str] = []
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            if "dev: ready" in line:
+                return
+        raise AssertionError("the dev stack did not start:\n" + "\n".join(seen))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def substituted(self, text: str) -> str:
+        for n, port in enumerate(range(8080, 8083)):
+            text = text.replace(f"localhost:{port}", f"localhost:{self.http + n}")
+        return text.replace(
+            "scheduler tail ", f"scheduler tail --bootstrap 127.0.0.1:{self.kafka} "
+        )
+
+
+def shim(directory: Path) -> Path:
+    """A ``scheduler`` on PATH that runs this checkout with this interpreter."""
+    directory.mkdir()
+    command = directory / "scheduler"
+    root, python = shlex.quote(str(ROOT)), shlex.quote(sys.executable)
+    command.write_text(f'#!/bin/sh\nPYTHONPATH={root} exec {python} -m node "$@"\n')
+    command.chmod(0o755)
+    return directory
+
+
+@pytest.mark.slow
+def test_the_readme_session_runs_as_written(tmp_path: Path) -> None:
+    found = steps(session_blocks(README.read_text()))
+    stack = Stack(tmp_path / "data")
+    try:
+        stack.wait_ready()
+        text = stack.substituted(script(found))
+        # The session activates the virtualenv `make run` made; here the
+        # shim stands for it.
+        text = text.replace(". .venv/bin/activate\n", "")
+        path = f"{shim(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}"
+        result = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", text],
+            cwd=tmp_path,
+            env={**os.environ, "PATH": path, "SCHEDULER_URL": f"http://127.0.0.1:{stack.http}"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        stack.stop()
+    assert result.returncode == 0, result.stdout + result.stderr
+    outputs = re.split(r"\n?@@step \d+@@\n", result.stdout)
+    assert len(outputs) == len(found) + 1, result.stdout
+    for step, output in zip(found, outputs, strict=False):
+        assert unmatched(step.expected, output) == [], (step.commands, output, result.stderr)
