@@ -1,6 +1,8 @@
-"""The README's five-minute session, run as written against a dev stack.
+"""The README's five-minute session, and the API page's examples, run as
+written against a dev stack.
 
-The blocks under a ``<!-- session -->`` marker are one bash script; each
+In each file, the blocks under a ``<!-- session -->`` marker are one bash
+script; each
 ``# →`` line after a command is what it prints (``...`` stands for anything).
 The test starts ``python -m node dev`` on free ports, changes only what the
 README tells a user with other ports to change (the ports in the URLs,
@@ -32,6 +34,8 @@ from node.ops import embedded
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
+# Every file with session blocks, each run as one script, in this order.
+SOURCES = (README, ROOT / "docs" / "api.md")
 MARKER = "<!-- session -->"
 EXPECT = "# → "
 STEP = "@@step {}@@"
@@ -106,6 +110,7 @@ def test_the_readme_has_a_session_of_several_checked_steps() -> None:
     found = steps(session_blocks(README.read_text()))
     assert len(found) >= 8
     assert all(step.commands.strip() for step in found)
+    assert len(steps(session_blocks(SOURCES[1].read_text()))) >= 5
 
 
 def test_a_step_that_prints_something_else_fails() -> None:
@@ -201,28 +206,33 @@ def shim(directory: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_readme_session_runs_as_written(tmp_path: Path) -> None:
-    found = steps(session_blocks(README.read_text()))
+def test_the_session_blocks_run_as_written(tmp_path: Path) -> None:
     stack = Stack(tmp_path / "data")
+    path = f"{shim(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SCHEDULER_URL": f"http://127.0.0.1:{stack.http}"}
+    runs = []
     try:
         stack.wait_ready()
-        text = stack.substituted(script(found))
-        # The session activates the virtualenv `make run` made; here the
-        # shim stands for it.
-        text = text.replace(". .venv/bin/activate\n", "")
-        path = f"{shim(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}"
-        result = subprocess.run(
-            ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", text],
-            cwd=tmp_path,
-            env={**os.environ, "PATH": path, "SCHEDULER_URL": f"http://127.0.0.1:{stack.http}"},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        for source in SOURCES:
+            found = steps(session_blocks(source.read_text()))
+            text = stack.substituted(script(found))
+            # The session activates the virtualenv `make run` made; here the
+            # shim stands for it.
+            text = text.replace(". .venv/bin/activate\n", "")
+            result = subprocess.run(
+                ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", text],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            runs.append((source.name, found, result))
     finally:
         stack.stop()
-    assert result.returncode == 0, result.stdout + result.stderr
-    outputs = re.split(r"\n?@@step \d+@@\n", result.stdout)
-    assert len(outputs) == len(found) + 1, result.stdout
-    for step, output in zip(found, outputs, strict=False):
-        assert unmatched(step.expected, output) == [], (step.commands, output, result.stderr)
+    for name, found, result in runs:
+        assert result.returncode == 0, (name, result.stdout + result.stderr)
+        outputs = re.split(r"\n?@@step \d+@@\n", result.stdout)
+        assert len(outputs) == len(found) + 1, (name, result.stdout)
+        for step, output in zip(found, outputs, strict=False):
+            assert unmatched(step.expected, output) == [], (name, step.commands, output)
