@@ -683,8 +683,8 @@ PATHS: dict[str, Any] = {
             "at executeAt",
             "requestBody": _body(_ref("NewSchedule")),
             "responses": {
-                "201": _json(_ref("Schedule"), "Stored, journaled on a majority"),
-                "200": _json(_ref("Schedule"), "The same id and body again: the stored one"),
+                "201": _versioned("Stored, journaled on a majority"),
+                "200": _versioned("The same id and body again: the stored one"),
                 "400": _error("Invalid body (invalid_request)"),
                 "409": _error("The same id with another body (conflict)"),
                 "413": _error("Body over the limit (payload_too_large)"),

@@ -125,7 +125,7 @@ async def create_schedule(request: web.Request) -> web.Response:
     doc, created = await context.store.insert(new, now)
     if created:
         _accepted(context, doc)
-    return json_response(public_view(doc), status=201 if created else 200)
+    return _schedule_response(doc, status=201 if created else 200)
 
 
 @routes.post("/v1/schedules:batch")
@@ -257,9 +257,11 @@ def _not_found(stored_id: str) -> ScheduleNotFound:
     return ScheduleNotFound(f"no schedule {public_id(stored_id)!r}")
 
 
-def _schedule_response(doc: dict[str, Any]) -> web.Response:
-    """A schedule, with its version as a strong ETag (what If-Match takes)."""
-    response = json_response(public_view(doc))
+def _schedule_response(doc: dict[str, Any], status: int = 200) -> web.Response:
+    """A schedule, with its version as a strong ETag (what If-Match takes):
+    every answer that is one schedule carries it, a create's too, so a
+    change can follow a create with no GET between."""
+    response = json_response(public_view(doc), status=status)
     response.headers["ETag"] = f'"{version_of(doc)}"'
     return response
 
