@@ -8,10 +8,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint typecheck docs browser promtool unit bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e clients/python
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -21,10 +22,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PY) tools/max_complexity.py 15 node chaos
+	$(PY) tools/max_complexity.py 15 node chaos clients/python/bucket_scheduler_client
 
 typecheck: $(STAMP)
-	$(PY) -m mypy node ring membership chaos bench tools
+	$(PY) -m mypy node ring membership chaos bench tools clients/python/bucket_scheduler_client
 
 # The manual (docs/, mkdocs.yml) into site/: --strict fails on a broken link,
 # a page left out of the navigation or a navigation entry without its page.
