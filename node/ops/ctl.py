@@ -40,13 +40,20 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
+
+from bucket_scheduler_client import (
+    NO_RETRY,
+    ApiError,
+    Client,
+    ListFilters,
+    NewSchedule,
+    Selector,
+    TransportError,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT = 10.0
@@ -74,12 +81,9 @@ BULK = {
 }
 
 
-class Unreachable(Exception):
-    """The node did not answer."""
-
-
 class Refused(Exception):
-    """The node answered with an error; the message is its error body."""
+    """A command the node's answers cannot carry out (a bulk verb that
+    stays in flight); the node's own refusals are the client's ApiError."""
 
 
 def label_argument(text: str) -> tuple[str, str]:
@@ -130,7 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_when(schedule)
     schedule.add_argument("--payload", default="null", help="JSON payload (default null)")
     schedule.add_argument("--key", default=None, help="Kafka record key")
-    schedule.add_argument("--id", default=None, help="idempotency id (default: server-assigned)")
+    schedule.add_argument(
+        "--id", default=None, help="idempotency id (default: one made for this call)"
+    )
     _add_label_option(schedule, "a label (repeatable)")
 
     commands.add_parser("get", help="show a schedule").add_argument("id")
@@ -254,55 +260,48 @@ def _positive(text: str) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    client = Client(args.url, args.api_key)
-    try:
-        perform(client, args, out)
-    except Refused as exc:
-        print(f"ctl: refused: {exc}", file=err)
-        return 1
-    except Unreachable as exc:
-        print(f"ctl: {exc}", file=err)
-        return 2
-    except ValueError as exc:  # bad input, before anything was sent
-        print(f"ctl: {exc}", file=err)
-        return 2
+    # No retries: the operator sees each refusal as the node gave it (a 503
+    # is exit 1 at once) and decides whether to run the command again.
+    with Client(args.url, args.api_key or None, timeout=TIMEOUT, retry=NO_RETRY) as client:
+        try:
+            perform(client, args, out)
+        except (ApiError, Refused) as exc:
+            print(f"ctl: refused: {exc}", file=err)
+            return 1
+        except TransportError as exc:
+            print(f"ctl: {exc}", file=err)
+            return 2
+        except ValueError as exc:  # bad input, before anything was sent
+            print(f"ctl: {exc}", file=err)
+            return 2
     return 0
 
 
 def perform(client: Client, args: argparse.Namespace, out: TextIO) -> None:
     """Carry out the command ``args.action`` names and print what the node answered."""
     if args.action == "members":
-        print_members(client.get("/v1/cluster"), out)
+        print_members(client.cluster(), out)
     elif args.action == "owners":
-        print_owners(client.get("/v1/cluster"), args.bucket, out)
+        print_owners(client.cluster(), args.bucket, out)
     elif args.action == "schedule":
-        print_json(client.send("POST", "/v1/schedules", schedule_body(args)), out)
+        print_json(client.create(**schedule_fields(args)).raw, out)
     elif args.action == "get":
-        print_json(client.get(schedule_path(args.id)), out)
+        print_json(client.get(args.id).raw, out)
     elif args.action == "list":
         list_schedules(client, args, out)
     elif args.action == "reschedule":
-        body = {"executeAt": execute_at(args)}
-        print_json(client.send("PATCH", schedule_path(args.id), body, if_match(args)), out)
+        moved = client.patch(args.id, execute_at=execute_at(args), if_match=args.if_match)
+        print_json(moved.raw, out)
     elif args.action in BULK and args.id is None:
         print_json(bulk(client, args.action, selector(args), dry_run=args.dry_run), out)
     elif args.action in BULK and selector(args, required=False):
         raise ValueError(f"{args.action} takes an ID or filters, not both")
     elif args.action == "cancel":
-        print_json(client.send("DELETE", schedule_path(args.id)), out)
+        print_json(client.cancel(args.id).raw, out)
     elif args.action in VERBS:
-        path = f"{schedule_path(args.id)}:{args.action}"
-        print_json(client.send("POST", path, None, if_match(args)), out)
+        print_json(getattr(client, args.action)(args.id, if_match=args.if_match).raw, out)
     elif args.action == "drain":
-        print_json(client.send("POST", "/v1/admin/drain"), out)
-
-
-def schedule_path(schedule_id: str) -> str:
-    return f"/v1/schedules/{quote(schedule_id)}"
-
-
-def if_match(args: argparse.Namespace) -> dict[str, str]:
-    return {} if args.if_match is None else {"If-Match": args.if_match}
+        print_json(client.drain(), out)
 
 
 def execute_at(args: argparse.Namespace) -> str:
@@ -322,40 +321,41 @@ def label_map(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return labels
 
 
-def schedule_body(args: argparse.Namespace) -> dict[str, Any]:
+def schedule_fields(args: argparse.Namespace) -> NewSchedule:
+    """The create the command line asks for (the client makes an id if none is given)."""
     try:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--payload is not JSON: {exc}") from None
     if (args.topic is None) == (args.http is None):
         raise ValueError("name a topic or --http URL (one of them)")
-    body: dict[str, Any] = {"executeAt": execute_at(args), "payload": payload}
+    fields: NewSchedule = {"execute_at": execute_at(args), "payload": payload}
     if args.http is not None:
-        body["http"] = {"url": args.http, **({"method": args.method} if args.method else {})}
+        fields["http"] = {"url": args.http, **({"method": args.method} if args.method else {})}
     else:
-        body["topic"] = args.topic
+        fields["topic"] = args.topic
+    if args.key is not None:
+        fields["key"] = args.key
+    if args.id is not None:
+        fields["id"] = args.id
+    if args.labels:
+        fields["labels"] = label_map(args.labels)
+    return fields
+
+
+def selector(args: argparse.Namespace, *, required: bool = True) -> Selector:
+    """The selector the filter options make ({} if none)."""
+    body: Selector = {}
+    if args.labels:
+        body["labels"] = label_map(args.labels)
     if args.key is not None:
         body["key"] = args.key
-    if args.id is not None:
-        body["id"] = args.id
-    if args.labels:
-        body["labels"] = label_map(args.labels)
-    return body
-
-
-def selector(args: argparse.Namespace, *, required: bool = True) -> dict[str, Any]:
-    """The selector the filter options make ({} if none)."""
-    body: dict[str, Any] = {}
-    if args.labels:
-        body["labels"] = label_map(args.labels)
-    for option, name in (
-        ("key", "key"),
-        ("id_prefix", "idPrefix"),
-        ("topic", "topic"),
-        ("host", "host"),
-    ):
-        if getattr(args, option) is not None:
-            body[name] = getattr(args, option)
+    if args.id_prefix is not None:
+        body["id_prefix"] = args.id_prefix
+    if args.topic is not None:
+        body["topic"] = args.topic
+    if args.host is not None:
+        body["host"] = args.host
     if required and not body:
         raise ValueError(
             f"{args.action} needs an ID, or at least one of --label, --key, --id-prefix, "
@@ -366,29 +366,26 @@ def selector(args: argparse.Namespace, *, required: bool = True) -> dict[str, An
     if args.statuses:
         body["status"] = args.statuses
     if args.due_before is not None:
-        body["dueBefore"] = args.due_before
+        body["due_before"] = args.due_before
     return body
 
 
-def bulk(
-    client: Client, verb: str, body: dict[str, Any], *, dry_run: bool = False
-) -> dict[str, Any]:
+def bulk(client: Client, verb: str, body: Selector, *, dry_run: bool = False) -> dict[str, Any]:
     """Call the verb by selector until the node says no more: the totals. A
     call that changed nothing but says more (what is left is in flight) is
     made again SETTLE_WAIT later, SETTLE_CALLS times in a row at most."""
-    path = f"/v1/schedules:{verb}"
     if dry_run:
-        return dict(client.send("POST", path, {**body, "dryRun": True}))
+        return client.bulk(verb, dry_run=True, **body).raw
     matched = changed = calls = idle = 0
     while True:
-        answer = client.send("POST", path, body)
+        answer = client.bulk(verb, **body)
         calls += 1
-        matched += int(answer["matched"])
-        changed += int(answer["changed"])
-        if not answer["more"]:
+        matched += answer.matched
+        changed += answer.changed
+        if not answer.more:
             totals = {"matched": matched, "changed": changed, "calls": calls}
             return {**totals, "cancelled": changed} if verb == "cancel" else totals
-        idle = 0 if answer["changed"] else idle + 1
+        idle = 0 if answer.changed else idle + 1
         if idle >= SETTLE_CALLS:
             raise Refused(
                 f"the node says more but changed none in {idle} calls (left in flight?); "
@@ -399,31 +396,27 @@ def bulk(
 
 
 def list_schedules(client: Client, args: argparse.Namespace, out: TextIO) -> None:
-    query: list[tuple[str, str]] = [("label", f"{name}={value}") for name, value in args.labels]
-    filters = (
-        ("status", args.status),
-        ("topic", args.topic),
-        ("host", args.host),
-        ("destination", args.destination),
-        ("key", args.key),
-    )
-    for name, value in filters:
-        if value is not None:
-            query.append((name, value))
+    filters: ListFilters = {}
+    if args.labels:
+        filters["label"] = [f"{name}={value}" for name, value in args.labels]
+    for name in ("status", "topic", "host", "destination", "key"):
+        if getattr(args, name) is not None:
+            filters[name] = getattr(args, name)
     schedules: list[dict[str, Any]] = []
     counts: dict[str, int] | None = None
     cursor: str | None = args.after
     while True:
-        page_query = [*query, ("limit", str(min(args.limit - len(schedules), MAX_PAGE)))]
-        if cursor is not None:
-            page_query.append(("after", cursor))
-        if args.counts and counts is None:  # the same for every page: ask once
-            page_query.append(("counts", "true"))
-        page = client.get(f"/v1/schedules?{urllib.parse.urlencode(page_query)}")
-        schedules.extend(page["schedules"])
-        if args.counts and counts is None:
-            counts = page.get("counts", {})
-        cursor = page["next"]
+        ask_counts = args.counts and counts is None  # the same for every page: ask once
+        page = client.list_page(
+            limit=min(args.limit - len(schedules), MAX_PAGE),
+            after=cursor,
+            counts=ask_counts,
+            **filters,
+        )
+        schedules.extend(s.raw for s in page.schedules)
+        if ask_counts:
+            counts = page.counts or {}
+        cursor = page.next
         if cursor is None or len(schedules) >= args.limit:
             break
     answer: dict[str, Any] = {"schedules": schedules, "next": cursor}
@@ -433,42 +426,6 @@ def list_schedules(client: Client, args: argparse.Namespace, out: TextIO) -> Non
         print_json(answer, out)
     else:
         print_listing(answer, out)
-
-
-def quote(schedule_id: str) -> str:
-    return urllib.parse.quote(schedule_id, safe="")
-
-
-class Client:
-    def __init__(self, url: str, api_key: str = "") -> None:
-        self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def get(self, path: str) -> Any:
-        return self.send("GET", path)
-
-    def send(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-    ) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={
-                **self.headers,
-                **({"Content-Type": "application/json"} if data is not None else {}),
-                **(headers or {}),
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as exc:
-            raise Refused(f"HTTP {exc.code} {exc.read().decode(errors='replace')}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unreachable(f"no answer from {self.url}: {reason}") from None
 
 
 def print_json(body: Any, out: TextIO) -> None:
