@@ -169,7 +169,12 @@ class AsyncClient:
 
     async def _verb(self, verb: str, schedule: Schedule | str, if_match: IfMatch) -> Schedule:
         headers = _core.if_match_header(if_match)
-        return await self._schedule(self._one("POST", schedule, f":{verb}", headers=headers))
+        # Sent again after a broken connection only where a repeat changes
+        # nothing: a second redrive of a redriven schedule would be a 409.
+        idempotent = verb in ("pause", "resume")
+        return await self._schedule(
+            self._one("POST", schedule, f":{verb}", headers=headers), idempotent
+        )
 
     async def pause(self, schedule: Schedule | str, *, if_match: IfMatch = None) -> Schedule:
         """PENDING -> PAUSED: never due until resumed."""
