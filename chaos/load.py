@@ -40,6 +40,15 @@ answer, or a 5xx: the store may have applied the write before it failed;
 as a client would, waiting as long as a 503's or a 429's ``Retry-After``
 asks (at most RETRY_AFTER_CAP); one still refused then is a ``fail`` (a
 record of it anyway is an unknown delivery, not a breach).
+
+The load speaks HTTP itself (aiohttp), not through the Python client
+(``clients/python``). It could, with one client per node and no retries
+(each try goes to a node picked for it, and the load makes and waits its
+own tries), but each answer would then be unwrapped from the client's
+models and exceptions back into the status, code and body the history
+keeps; and httpx's connection pool for aiohttp's changes the load itself
+(its connections, and its timing under faults) against the runs it is
+compared with.
 """
 
 from __future__ import annotations
