@@ -109,6 +109,8 @@ def test_every_write_to_one_schedule_takes_if_match_and_answers_its_etag() -> No
         assert "412" in operation["responses"] and "409" in operation["responses"], (path, method)
         assert "ETag" in operation["responses"]["200"]["headers"], (path, method)
     assert "ETag" in paths["/v1/schedules/{schedule_id}"]["get"]["responses"]["200"]["headers"]
+    created = paths["/v1/schedules"]["post"]["responses"]  # a create's answer is one too
+    assert "ETag" in created["201"]["headers"] and "ETag" in created["200"]["headers"]
 
 
 class Conformance:
