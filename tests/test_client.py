@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import standardwebhooks
+from aiohttp import web
 from bucket_scheduler_client import (
     ApiError,
     AsyncClient,
@@ -265,6 +266,42 @@ def delivery(secrets: list[str], timestamp: int, token: int = 7) -> tuple[dict[s
     )  # fmt: skip
     signed = signed_headers(call, [secret_key(s) for s in secrets], timestamp)
     return dict([*call.headers, *signed]), call.body
+
+
+async def test_a_receiver_verifies_what_a_node_delivered(start_node: NodeFactory) -> None:
+    secret = new_secret()
+    node = await start_node(http_targets_allow="127.0.0.0/8", http_signing_secret=secret)
+    arrived: list[tuple[dict[str, str], bytes]] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        arrived.append((dict(request.headers), await request.read()))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, HOST, 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with AsyncClient(node.url) as c:
+            s = await c.create(http={"url": f"http://{HOST}:{port}/hook"},
+                               execute_at=datetime.now(UTC), payload={"order": 42})  # fmt: skip
+
+            async def delivered() -> bool:
+                return bool(arrived) and (await c.get(s)).status == "DELIVERED"
+
+            await wait_until(delivered, 60, "the delivery, and its mark")
+    finally:
+        await runner.cleanup()
+    [(headers, body)] = arrived
+    checked = Verifier(secret).verify(headers, body)
+    assert (checked.schedule_id, checked.attempt, checked.tenant) == (s.id, 1, "default")
+    assert checked.fence_token is not None and checked.fence_token >= 1
+    assert standardwebhooks.Webhook(secret).verify(body, headers) == {"order": 42}
+    forged = {**headers, "fence-token": str(checked.fence_token + 1)}
+    with pytest.raises(WebhookVerificationError):
+        Verifier(secret).verify(forged, body)
 
 
 def test_the_verifier_takes_what_the_node_signs_and_standardwebhooks_agrees() -> None:
