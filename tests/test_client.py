@@ -28,6 +28,7 @@ from bucket_scheduler_client import (
     InvalidRequest,
     InvalidState,
     NotFound,
+    RateLimited,
     Retry,
     TransportError,
     Verifier,
@@ -219,6 +220,39 @@ async def test_a_503_of_a_cut_store_is_retried_until_the_store_is_back(
             await wait_until(refused_with_503(), 60, "a 503 of the GET, and a retry")
             relay.heal()
             assert (await read) == first
+
+
+async def test_a_429_is_retried_after_its_retry_after(
+    relay: CuttableRelay, start_node: NodeFactory
+) -> None:
+    """A listing holds the tenant's one read slot on the node while the
+    store is cut (up to STORE_TIMEOUT); another listing meanwhile is a 429
+    with Retry-After: 1, waited out and tried again until the store is back."""
+    via_relay = embedded.mongo_uri(HOST, relay.port) + "&connectTimeoutMS=120000"
+    node = await start_node(mongo_uri=via_relay, store_timeout="10")
+    retried: list[tuple[float, ClientError]] = []
+    async with AsyncClient(
+        node.url,
+        retry=PATIENT,
+        on_retry=lambda n, wait, error: retried.append((wait, error)),
+        timeout=60,  # longer than the store's: the node answers first
+    ) as c:
+        await c.create(topic=unique("slot"), execute_at=later(), payload=1)
+        # The node reads a listing's tenant policy now and keeps it a few
+        # seconds: cut, the listings then reach the read slot, not the store.
+        await c.list_page(limit=1)
+        relay.cut()
+        pages = [asyncio.create_task(c.list_page(limit=1)) for _ in range(2)]
+
+        async def rate_limited() -> bool:
+            return any(isinstance(e, RateLimited) for _, e in retried)
+
+        await wait_until(rate_limited, 60, "a 429 while the other listing holds the slot")
+        relay.heal()
+        answers = await asyncio.gather(*pages)
+    assert all(len(page.schedules) == 1 for page in answers)
+    limited = [(wait, e.retry_after) for wait, e in retried if isinstance(e, RateLimited)]
+    assert limited and all(wait == after == 1.0 for wait, after in limited)
 
 
 def test_a_node_that_does_not_answer_is_a_transport_error_after_the_retries() -> None:
