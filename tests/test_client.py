@@ -35,6 +35,8 @@ from bucket_scheduler_client import (
     VersionMismatch,
     WebhookVerificationError,
 )
+from bucket_scheduler_client._core import create_body, retry_after_seconds
+from bucket_scheduler_client.models import HttpTarget, Schedule, decode
 
 from node.ops import embedded
 from node.schedule.webhook import HttpCall, new_secret, secret_key, signed_headers
@@ -377,3 +379,36 @@ def test_the_verifier_refuses_a_changed_body_fence_old_timestamp_or_other_secret
         rotated, body
     )
     assert builtins.len(rotated["webhook-signature"].split()) == 2
+
+
+# -- what the client sends and reads, without a node ---------------------------------
+
+
+def test_a_create_gets_an_id_and_its_fields_in_the_apis_spelling() -> None:
+    body = create_body(
+        {"topic": "t", "execute_at": datetime(2030, 1, 1), "payload": None,
+         "expire_after": timedelta(seconds=1.5), "http": HttpTarget(url="https://h.example/x"),
+         "flow_control": {"key": "k", "rate": 1}}
+    )  # fmt: skip
+    assert body.pop("id").startswith("c-")
+    assert body == {"topic": "t", "executeAt": "2030-01-01T00:00:00.000Z", "payload": None,
+                    "expireAfter": "PT1.500S", "http": {"url": "https://h.example/x"},
+                    "flowControl": {"key": "k", "rate": 1}}  # fmt: skip
+    assert create_body({"id": "mine", "topic": "t"})["id"] == "mine"
+    with pytest.raises(TypeError):
+        create_body({"execute_at": "2030-01-01T00:00:00Z", "executeAt": "x"})
+
+
+def test_an_answer_keeps_what_the_client_does_not_know_yet() -> None:
+    s = decode(Schedule, {"id": "a", "version": 3, "snoozedAt": "later",
+                          "executeAt": "2030-01-01T00:00:00.000Z"})  # fmt: skip
+    assert s.raw["snoozedAt"] == "later" and s.version == 3
+    assert s.execute_at == datetime(2030, 1, 1, tzinfo=UTC)
+    assert s.if_match == '"3"'  # no ETag header: the version, quoted
+
+
+def test_retry_after_as_seconds_or_an_http_date() -> None:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    assert retry_after_seconds("2", now) == 2.0
+    assert retry_after_seconds("Tue, 01 Jan 2030 00:00:05 GMT", now) == 5.0
+    assert retry_after_seconds("soon", now) is None and retry_after_seconds(None, now) is None
