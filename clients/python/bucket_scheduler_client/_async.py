@@ -13,6 +13,7 @@ import httpx
 
 from bucket_scheduler_client import _core
 from bucket_scheduler_client._core import (
+    CONSOLE_FILES,
     OF_SCHEDULE,
     Call,
     IfMatch,
@@ -271,8 +272,15 @@ class AsyncClient:
     async def openapi(self) -> dict[str, Any]:
         return dict(await self._json(Call("GET", "/v1/openapi.json")))
 
-    async def cluster_page(self) -> str:
+    async def console(self) -> str:
+        """The operator console's page (HTML)."""
         return (await self._send(Call("GET", "/"), True)).text
+
+    async def console_file(self, name: str) -> str:
+        """One of the console's files: ``console.js`` or ``console.css``."""
+        if name not in CONSOLE_FILES:
+            raise ValueError(f"name must be one of {', '.join(CONSOLE_FILES)}")
+        return (await self._send(Call("GET", f"/{name}"), True)).text
 
     async def metrics(self) -> str:
         return (await self._send(Call("GET", "/metrics"), True)).text

@@ -170,11 +170,17 @@ ROUTES: dict[tuple[str, str], str] = {
     ("post", "/v1/admin/drain"): "drain",
     ("put", "/v1/chaos/partition"): "partition",
     ("get", "/v1/openapi.json"): "openapi",
-    ("get", "/"): "cluster_page",
+    ("get", "/"): "console",
+    ("get", "/console.js"): "console_file",
+    ("get", "/console.css"): "console_file",
     ("get", "/healthz"): "healthz",
     ("get", "/readyz"): "readyz",
     ("get", "/metrics"): "metrics",
 }
+
+
+# The operator console's files besides its page (``GET /``).
+CONSOLE_FILES = ("console.js", "console.css")
 
 
 def new_id() -> str:

@@ -12,6 +12,7 @@ import httpx
 
 from bucket_scheduler_client import _core
 from bucket_scheduler_client._core import (
+    CONSOLE_FILES,
     OF_SCHEDULE,
     Call,
     IfMatch,
@@ -265,8 +266,15 @@ class Client:
     def openapi(self) -> dict[str, Any]:
         return dict(self._json(Call("GET", "/v1/openapi.json")))
 
-    def cluster_page(self) -> str:
+    def console(self) -> str:
+        """The operator console's page (HTML)."""
         return self._send(Call("GET", "/"), True).text
+
+    def console_file(self, name: str) -> str:
+        """One of the console's files: ``console.js`` or ``console.css``."""
+        if name not in CONSOLE_FILES:
+            raise ValueError(f"name must be one of {', '.join(CONSOLE_FILES)}")
+        return self._send(Call("GET", f"/{name}"), True).text
 
     def metrics(self) -> str:
         return self._send(Call("GET", "/metrics"), True).text
