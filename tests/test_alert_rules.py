@@ -23,8 +23,8 @@ from tests.conftest import (
     recordings_read,
     undeclared,
 )
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).parent.parent
 DOCKER = ROOT / "docker"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 PROMTOOL = shutil.which("promtool")

@@ -14,14 +14,7 @@ import pytest
 from node.api.openapi import ERROR_CODES
 from ring import PLACEMENT_VERSION
 from tests.conftest import TEST_CLUSTER_KEY, NodeFactory, NodeHandle, wait_until
-
-FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
-
-
-def schedule(**fields: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"topic": "api-test", "executeAt": FAR, "payload": {"n": 1}}
-    base.update(fields)
-    return base
+from tests.helpers import FAR, schedule
 
 
 @pytest.fixture

@@ -34,8 +34,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-from tests.test_delivery import FailingPublisher
-from tests.test_recurring import stamp
+from tests.helpers import FailingPublisher, stamp
 from tests.virtual import schedule
 
 

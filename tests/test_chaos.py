@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -18,12 +16,7 @@ from chaos.report import render_html
 from chaos.scenario import ScenarioError, available, load, parse
 from chaos.summary import render
 from tests.chaos_histories import Load, as_run, created, topic
-
-
-def scenario(**fields: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"nodes": 3, "duration": 60, "rate": 10, "timeline": []}
-    base.update(fields)
-    return base
+from tests.helpers import Svgs, scenario
 
 
 def test_every_shipped_scenario_loads() -> None:
@@ -164,32 +157,6 @@ def test_a_record_s_execute_at_header_reads_as_epoch_seconds() -> None:
 
 
 # -- the HTML report -------------------------------------------------------------
-
-
-class Svgs(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.plots: dict[str, Counter[str]] = {}
-        self._current: str | None = None
-        self.title = ""
-        self._in_title = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        named = dict(attrs)
-        if tag == "svg":
-            self._current = named["data-plot"] or ""
-            self.plots[self._current] = Counter()
-        elif self._current is not None:
-            self.plots[self._current][named.get("class") or tag] += 1
-        self._in_title = tag == "title" and self._current is None
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "svg":
-            self._current = None
-
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.title += data
 
 
 def a_result(*, lost: bool) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from chaos.scenario import (
 from chaos.summary import render
 from membership.codec import FLAG_MAC, HEADER_BYTES, MAC_BYTES, VERSION, Codec, DecodeError
 from tests.chaos_histories import as_run, created, topic
-from tests.test_chaos import scenario
+from tests.helpers import scenario
 
 NEW = ("cut-store", "cut-broker", "skew-clock", "garbage-gossip")
 KEY = bytes(range(32))

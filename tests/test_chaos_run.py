@@ -23,7 +23,7 @@ from chaos.scenario import load
 from chaos.settle import needs_views, read_views, settle
 from chaos.summary import write
 from tests.conftest import NodeFactory
-from tests.test_chaos import Svgs
+from tests.helpers import Svgs
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from node.store.contract import Claimed
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique
-from tests.test_fencing import poller as fencing_poller
-from tests.test_fencing import store_overdue
+from tests.helpers import poller as fencing_poller
+from tests.helpers import store_overdue
 
 
 def test_a_window_opens_small_and_doubles_while_rounds_fill_it() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from node.delivery.clock import StoreClock
 from tests.conftest import EmbeddedServers, NodeFactory, TopicReader, unique, wait_until
-from tests.test_recurring import stamp
+from tests.helpers import stamp
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -10,6 +10,7 @@ import pytest
 
 from node import config as node_config
 from node.ops import cli
+from tests.helpers import ROOT
 
 # What every load below runs with besides its own settings: a node id, and
 # the explicit consent to unsigned gossip (else a node refuses to start).
@@ -81,9 +82,7 @@ def test_run_with_invalid_config_exits_2_with_one_line_before_starting() -> None
 
 
 def test_the_manual_table_is_the_settings_table() -> None:
-    from pathlib import Path
-
-    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    page = (ROOT / "docs" / "configuration.md").read_text()
     start = page.index("-->\n", page.index("<!-- config-table")) + 4
     end = page.index("\n<!-- /config-table -->")
     assert page[start:end] == node_config.describe()

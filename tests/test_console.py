@@ -15,7 +15,6 @@ import re
 import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,9 @@ from node.api.cluster import CONTENT_SECURITY_POLICY
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, unique, wait_until
+from tests.helpers import ROOT
 
-STATIC = Path(__file__).parent.parent / "node" / "api" / "static"
+STATIC = ROOT / "node" / "api" / "static"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,

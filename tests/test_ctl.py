@@ -6,8 +6,6 @@ is played by a stub HTTP server that records what ctl sent."""
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import threading
 from collections.abc import Iterator
@@ -21,25 +19,10 @@ import pytest
 from node.api.cluster import view_of
 from node.ops import ctl as ctl_module
 from node.ops.cli import build_parser
-from node.ops.ctl import run
 from node.process import Node
 from node.store import schedules as schedule_store
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config, unique, wait_until
-from tests.test_delivery import FailingPublisher
-from tests.test_ownership import cluster
-
-
-async def ctl(handle: NodeHandle | str, *argv: str) -> tuple[int, str]:
-    code, out, _ = await ctl_with_errors(handle, *argv)
-    return code, out
-
-
-async def ctl_with_errors(handle: NodeHandle | str, *argv: str) -> tuple[int, str, str]:
-    url = handle if isinstance(handle, str) else handle.url
-    args = build_parser().parse_args(["ctl", "--url", url, *argv])
-    out, err = io.StringIO(), io.StringIO()
-    code = await asyncio.to_thread(run, args, out, err)
-    return code, out.getvalue(), err.getvalue()
+from tests.helpers import FailingPublisher, cluster, ctl, ctl_with_errors
 
 
 def at(seconds: float) -> str:

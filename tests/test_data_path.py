@@ -28,8 +28,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-from tests.test_delivery import FailingPublisher
-from tests.test_recurring import stamp
+from tests.helpers import FailingPublisher, stamp
 
 BUCKETS = 16
 # The queries that span every bucket by nature, and why: a tenant's

@@ -4,18 +4,13 @@ cancel wins; failures retry and dead-letter; restarts lose nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from node.delivery.sink import Failed, Trouble
-from node.delivery.sinks.kafka import KafkaPublisher
 from node.ops import embedded
 from node.process import Node
-from node.schedule.record import Record
 from tests.conftest import (
     EmbeddedServers,
     NodeFactory,
@@ -26,29 +21,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-
-
-def at(seconds: float) -> str:
-    when = datetime.now(UTC) + timedelta(seconds=seconds)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-async def status_of(handle: NodeHandle, schedule_id: str) -> str:
-    _, body = await handle.request("GET", f"/v1/schedules/{schedule_id}")
-    return str(body["status"])
-
-
-async def wait_status(handle: NodeHandle, schedule_id: str, status: str) -> dict[str, Any]:
-    async def reached() -> bool:
-        return await status_of(handle, schedule_id) == status
-
-    await wait_until(reached, what=f"{schedule_id} to be {status}")
-    _, body = await handle.request("GET", f"/v1/schedules/{schedule_id}")
-    return dict(body)
+from tests.helpers import at, failing_node, parse, status_of, wait_status
 
 
 async def test_record_has_key_value_and_headers_and_is_never_early(
@@ -178,64 +151,6 @@ async def test_burst_is_delivered_exactly_once_each(
         by_id = reader.by_id()
     assert sorted(by_id) == sorted(ids)
     assert all(len(records) == 1 for records in by_id.values())
-
-
-class FailingPublisher(KafkaPublisher):
-    """A broker fault the real broker cannot be made to produce on demand:
-    refuse the first ``failures`` attempts of the chosen schedules on ``topic``."""
-
-    def __init__(self, inner: KafkaPublisher, topic: str, failures: dict[str, int]) -> None:
-        self.inner = inner
-        self.topic = topic
-        self.failures = failures
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def stop(self) -> None:
-        await self.inner.stop()
-
-    async def reachable(self) -> bool:
-        return await self.inner.reachable()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # idempotent, refusal: the real producer's
-
-    async def publish(self, records: Sequence[Record]) -> list[Failed | None]:
-        results: list[Failed | None] = [None] * len(records)
-        passed = []
-        for i, record in enumerate(records):
-            headers = dict(record.headers)
-            schedule_id = headers["schedule-id"].decode()
-            attempt = int(headers["attempt"])
-            if record.topic == self.topic and attempt <= self.failures.get(schedule_id, 0):
-                # The record's own fault (say, too large): it spends an attempt.
-                results[i] = Failed(
-                    f"MessageSizeTooLargeError: injected failure {attempt}", Trouble.RETRY
-                )
-            else:
-                passed.append(i)
-        sent = await self.inner.publish([records[i] for i in passed])
-        for i, outcome in zip(passed, sent, strict=True):
-            results[i] = outcome
-        return results
-
-
-async def failing_node(
-    start_node: NodeFactory,
-    servers: EmbeddedServers,
-    database: str,
-    topic: str,
-    failures: dict[str, int],
-    **overrides: str,
-) -> NodeHandle:
-    node = Node(make_config(servers, database, **overrides))
-    node.publisher = node.poller.publisher = FailingPublisher(node.publisher, topic, failures)
-    return await start_node(node)
 
 
 async def test_failed_publish_is_retried_with_backoff(

@@ -27,8 +27,9 @@ from tests.conftest import (
     recordings_read,
     undeclared,
 )
+from tests.helpers import ROOT
 
-DOCKER = Path(__file__).parent.parent / "docker"
+DOCKER = ROOT / "docker"
 K8S = DOCKER / "k8s"
 KUBERNETES = "1.37.0"
 SETTINGS = {s.env for s in node_config.SETTINGS}

@@ -19,7 +19,7 @@ from node.store.schedules import MAX_TENANTS_PER_ROUND, ScheduleStore
 from node.store.tenants import TenantStore
 from node.tenants.model import Tenant
 from tests.conftest import NodeFactory, wait_until
-from tests.test_recurring import stamp
+from tests.helpers import stamp
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LIMITS = Limits(max_payload_bytes=1024, horizon=timedelta(days=1))

@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from node.delivery.leases import LeaseManager
-from node.delivery.outcomes import Rules
-from node.delivery.poller import BucketPoller
 from node.delivery.sinks.kafka import KafkaPublisher
-from node.metrics import NodeMetrics
-from node.schedule.model import Limits
-from node.schedule.parse import parse_new_schedule
 from node.schedule.record import Record
-from node.schedule.retry import RetryPolicy
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, metric_samples, unique, wait_until
+from tests.helpers import poller, store_overdue
 
 
 class FrozenPublisher(KafkaPublisher):
@@ -40,43 +34,6 @@ class FrozenPublisher(KafkaPublisher):
             self.frozen.set()
             await self.release.wait()
         return await self.inner.publish(records)
-
-
-def poller(
-    store: ScheduleStore,
-    leases: LeaseManager,
-    publisher: KafkaPublisher,
-    name: str,
-    batch_size: int = 10,
-) -> BucketPoller:
-    return BucketPoller(
-        store,
-        leases,
-        publisher,
-        NodeMetrics(),
-        node_id=name,
-        batch_size=batch_size,
-        poll_interval=0.2,
-        rules=Rules(
-            RetryPolicy(
-                max_attempts=5, backoff=timedelta(seconds=0.1), backoff_max=timedelta(seconds=1)
-            ),
-            misfire_threshold=timedelta(seconds=60),
-        ),
-    )
-
-
-async def store_overdue(store: ScheduleStore, topic: str, ids: Sequence[str]) -> None:
-    """Prepare ``store`` and insert one-shots due long ago, one per id."""
-    now = datetime.now(UTC)
-    await store.prepare(now)
-    limits = Limits(max_payload_bytes=1000, horizon=timedelta(days=1))
-    for schedule_id in ids:
-        body = (
-            f'{{"id":"{schedule_id}","topic":"{topic}","executeAt":"2000-01-01T00:00:00Z",'
-            f'"payload":"{schedule_id}"}}'
-        ).encode()
-        await store.insert(parse_new_schedule(body, limits, now), now)
 
 
 async def test_a_frozen_owner_cannot_overwrite_its_successor(

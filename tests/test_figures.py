@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+from tests.helpers import ROOT
+
 # tools/ holds scripts, not a package: load this one from its file.
 _spec = importlib.util.spec_from_file_location("figures", ROOT / "tools" / "figures.py")
 assert _spec is not None and _spec.loader is not None

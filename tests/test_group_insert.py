@@ -10,7 +10,7 @@ from pymongo.errors import DuplicateKeyError
 
 from node.store.group_insert import GroupInserter
 from tests.conftest import NodeFactory, NodeHandle
-from tests.test_api import schedule
+from tests.helpers import schedule
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from pymongo.errors import OperationFailure
 from node.process import Node
 from node.store.history import Attempt
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config, wait_until
-from tests.test_delivery import FailingPublisher
-from tests.test_recurring import stamp
+from tests.helpers import FailingPublisher, stamp
 
 
 async def history(node: NodeHandle, path: str) -> tuple[int, Any]:

@@ -21,7 +21,7 @@ import pytest
 
 from node.ops import embedded
 from tests.conftest import HOST, EmbeddedServers, NodeFactory, NodeHandle, start_mongo, wait_until
-from tests.test_recurring import stamp
+from tests.helpers import metric, stamp
 
 
 @pytest.fixture
@@ -37,12 +37,6 @@ def own_store(tmp_path: Path) -> Iterator[tuple[str, Any]]:
 def with_signal(process: Any, sig: signal.Signals) -> None:
     if process.poll() is None:
         os.kill(process.pid, sig)
-
-
-async def metric(node: NodeHandle, name: str) -> float:
-    _, text = await node.request("GET", "/metrics")
-    line = next((x for x in text.splitlines() if x.startswith(name + " ")), None)
-    return float(line.split()[-1]) if line else 0.0
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ test_config.py."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from node import errors
 from node.api.openapi import ERROR_CODES, document
+from tests.helpers import ROOT
 
-API_PAGE = Path(__file__).parent.parent / "docs" / "api.md"
+API_PAGE = ROOT / "docs" / "api.md"
 
 
 def table_rows(text: str, header: str) -> list[list[str]]:

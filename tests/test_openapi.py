@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -22,8 +21,9 @@ from node.api.openapi import ERROR_CODES, document
 from node.process import Node
 from node.schedule.model import LABEL_NAME, MAX_LABEL_VALUE_BYTES, MAX_LABELS, Status
 from tests.conftest import NodeFactory, NodeHandle
+from tests.helpers import ROOT
 
-NODE_SOURCE = Path(__file__).parent.parent / "node"
+NODE_SOURCE = ROOT / "node"
 
 
 def routes(chaos_mode: str) -> set[tuple[str, str]]:

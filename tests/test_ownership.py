@@ -14,22 +14,7 @@ from node.schedule.model import public_id
 from node.store.leases import held_now
 from ring import bounded, owned_by
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, TopicReader, unique, wait_until
-
-BUCKETS = 32
-
-
-async def cluster(start_node: NodeFactory, names: list[str], **overrides: str) -> list[NodeHandle]:
-    first = await start_node(
-        node_id=names[0], membership_preset="fast", buckets=str(BUCKETS), **overrides
-    )
-    seed = first.node.membership.address  # type: ignore[union-attr]
-    rest = [
-        await start_node(
-            node_id=name, membership_preset="fast", buckets=str(BUCKETS), seeds=seed, **overrides
-        )
-        for name in names[1:]
-    ]
-    return [first, *rest]
+from tests.helpers import BUCKETS, cluster
 
 
 def alive_view(handle: NodeHandle) -> set[str]:

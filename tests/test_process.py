@@ -9,15 +9,14 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from node.ops import embedded
 from tests.conftest import HOST, TEST_CLUSTER_KEY, EmbeddedServers
+from tests.helpers import ROOT
 
 # The tree under test: the node process must import this code, not another
 # installed copy.
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_node(servers: EmbeddedServers, database: str, **settings: str) -> tuple[int, list[str]]:

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from node.ops import embedded
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 # Every file with session blocks, each run as one script, in this order.
 SOURCES = (README, ROOT / "docs" / "api.md")

@@ -153,7 +153,7 @@ async def test_a_sliced_listing_pages_exactly_as_one_query_would(mongo: Any) -> 
     its counts, are exactly those of the one query a MongoDB runs."""
     from node.store.listing import Cursor, Listing
     from node.store.schedules import ScheduleStore
-    from tests.test_fencing import store_overdue
+    from tests.helpers import store_overdue
 
     store = ScheduleStore(mongo, 16)
     await store_overdue(store, "sliced", [f"s{i:03}" for i in range(120)])

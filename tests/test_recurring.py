@@ -24,11 +24,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-from tests.test_delivery import FailingPublisher
-
-
-def stamp(when: datetime) -> str:
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from tests.helpers import FailingPublisher, stamp
 
 
 def parse(text: str) -> datetime:

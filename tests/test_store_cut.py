@@ -35,9 +35,8 @@ from tests.conftest import (
     unique,
     wait_until,
 )
+from tests.helpers import metric, stamp
 from tests.tcp_cut import CuttableRelay
-from tests.test_hung_store import metric
-from tests.test_recurring import stamp
 
 BUCKETS = 16
 

@@ -27,7 +27,7 @@ from node.store.contract import Claimed
 from node.store.leases import LeaseStore
 from node.store.schedules import ScheduleStore
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
-from tests.test_fencing import poller, store_overdue
+from tests.helpers import poller, store_overdue
 
 
 class HalfTaken(KafkaPublisher):

@@ -395,7 +395,7 @@ async def test_pending_quota_refuses_above_the_cap_and_frees_on_cancel(
 
 
 async def test_ctl_sends_the_api_key(secured: NodeHandle, tenants: TenantStore) -> None:
-    from tests.test_ctl import ctl
+    from tests.helpers import ctl
 
     admin = await make_tenant(tenants, "ctl-ops", admin=True)
     code, _ = await ctl(secured, "members")

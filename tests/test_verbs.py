@@ -25,7 +25,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-from tests.test_delivery import at, failing_node, parse, status_of, wait_status
+from tests.helpers import at, failing_node, parse, status_of, wait_status
 
 FAR = 3600.0  # seconds ahead: a schedule that will not come due during a test
 

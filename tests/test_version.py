@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from node import version
+from tests.helpers import ROOT
 
 # The tree under test: each command must run this code, not another copy.
-ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 COMMANDS = [
