@@ -2,7 +2,7 @@
 delivery's ``schedule-id``, ``execute-at`` and arrival time and answers 204
 at once, or after ``--hang`` seconds (a hung endpoint, for the isolation
 run). It checks no signature: verifying is the receiver's cost, not the
-scheduler's, and tests/test_http_sink.py checks what is signed.
+scheduler's, and tests/node/delivery/test_http_sink.py checks what is signed.
 
 It runs in a process of its own (``python -m bench.receiver HOST``), the
 way the broker does for the Kafka rows: in the bench process it would share

@@ -49,7 +49,7 @@ The limit at B = 256: near 30 members a member holds about 8 buckets, so a
 newcomer with many first choices takes up to 1.25x its share, and a shed or
 a pull-back or two on top exceeds 1.5x the ideal movement. That happens for
 about one join in ten up to 32 members, more often near 32, whatever the
-member names (once for node-0..node-32, at 26 -> 27; see tests/test_ring.py).
+member names (once for node-0..node-32, at 26 -> 27; see tests/ring/test_placement.py).
 With B = 512 no join up to 32 members exceeded 1.42x, over 12 sets of names.
 """
 

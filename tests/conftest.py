@@ -60,6 +60,60 @@ class EmbeddedServers:
 _NO_TTL_SWEEP = "[storage]\nttl_sweep_seconds = 0\n"
 
 
+# -- the servers marker ----------------------------------------------------------
+
+# A test needs the embedded servers when its fixtures reach ``servers`` (the
+# session's SecantusDB and Tansu: ``start_node``, ``mongo`` and
+# ``database_name`` do), when it runs over the SecantusDB side of ``store``,
+# or when it is in tests/system/ (whole nodes against real servers). Modules
+# that start processes of their own say so with ``pytestmark``.
+SERVERS = "servers"
+SYSTEM = Path(__file__).resolve().parent / "system"
+
+
+def needs_servers(item: pytest.Item) -> bool:
+    if SERVERS in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("store") == "secantus":
+        return True
+    return SYSTEM in Path(str(item.path)).resolve().parents
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if needs_servers(item):
+            item.add_marker(SERVERS)
+
+
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+def _spawn_guarded(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+    """``embedded.spawn``, refusing a test not marked ``servers``: so a
+    ``-m "not servers"`` run starts no server, and a test that starts one
+    without the marker fails, naming itself."""
+    if _running and _running[-1].get_closest_marker(SERVERS) is None:
+        raise AssertionError(
+            f"{_running[-1].nodeid} starts {Path(argv[0]).name} but is not marked servers"
+        )
+    return _spawn(argv, *args, **kwargs)
+
+
+_spawn = embedded.spawn
+embedded.spawn = _spawn_guarded  # type: ignore[assignment]
+
+
 def start_mongo(data_dir: Path, port: int | None = None) -> tuple[Any, int]:
     port = port or embedded.free_port(HOST)
     config = data_dir.with_name(data_dir.name + ".toml")
@@ -124,7 +178,7 @@ def make_config(
         "auth": "off",
         "cluster_keys": TEST_CLUSTER_KEY,
         # Tests poll and list as fast as they like, as one tenant: the read
-        # budget is tests/test_reads.py's to exercise, at its own settings.
+        # budget is tests/node/tenants/test_reads.py's to exercise, at its own settings.
         "read_budget": "100",
     }
     flags.update(overrides)

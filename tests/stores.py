@@ -158,7 +158,7 @@ class MongoKit(StoreKit):
     def leases(self, node_id: str) -> LeaseStore:
         # The embedded server's lease shapes, as a node sets them on finding
         # it (Node._prepare_store); the one-statement shape a real
-        # MongoDB gets is tested on it too (tests/test_leases.py).
+        # MongoDB gets is tested on it too (tests/node/store/test_leases.py).
         return LeaseStore(self.database.buckets, node_id, chunked=True)
 
     def history(self, *, cap: int, retention: timedelta) -> HistoryStore:
@@ -166,7 +166,7 @@ class MongoKit(StoreKit):
 
     def flow(self, holder: str, term: float = SLOT_TERM) -> FlowStore:
         # The embedded server's shape, as a node sets it on finding it (the
-        # upsert shape of a real MongoDB: tests/test_flow_control.py).
+        # upsert shape of a real MongoDB: tests/node/delivery/test_flow_control.py).
         store = FlowStore(self.database, holder, term)
         store.embedded = True
         return store

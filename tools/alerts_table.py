@@ -3,7 +3,7 @@
 ``python tools/alerts_table.py``: one row per alert (its severity, how long
 its condition must hold, what it says, and a link to its runbook), between
 the ``alerts-table`` markers. ``--check`` writes nothing and exits 1 when the
-table is not what the rules make; tests/test_alert_rules.py runs it.
+table is not what the rules make; tests/deploy/test_alert_rules.py runs it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ names the file between markers::
 ``python tools/figures.py`` writes each table (and a line saying when it was
 measured, linking its file) between its markers; ``--check`` writes nothing
 and exits 1 when the page is not what the files make, or a file is not on
-the page. tests/test_figures.py runs the check, so a figure is changed in its
+the page. tests/docs/test_figures.py runs the check, so a figure is changed in its
 file, and the page follows. (A generator rather than an mkdocs hook: the
 page in the repository reads the same as the site, on GitHub too.)
 """

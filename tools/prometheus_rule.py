@@ -4,7 +4,7 @@
 (monitoring.coreos.com/v1) carrying the groups of docker/alerts.yml, copied
 as text under ``spec:`` (comments and all, so the knobs read the same in
 both). ``--check`` writes nothing and exits 1 when the manifest is not what
-the rules make; tests/test_alert_rules.py runs it, so the two cannot drift.
+the rules make; tests/deploy/test_alert_rules.py runs it, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MANIFEST = ROOT / "docker" / "k8s" / "prometheusrule.yaml"
 
 HEADER = """\
 # Generated from docker/alerts.yml by `python tools/prometheus_rule.py`: edit
-# that file and run it again (tests/test_alert_rules.py checks they agree).
+# that file and run it again (tests/deploy/test_alert_rules.py checks they agree).
 #
 # The scheduler's recording and alert rules for the Prometheus operator. Not
 # in kustomization.yaml, which must apply where the operator's CRDs are not

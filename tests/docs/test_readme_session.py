@@ -206,6 +206,7 @@ def shim(directory: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_the_session_blocks_run_as_written(tmp_path: Path) -> None:
     stack = Stack(tmp_path / "data")
     path = f"{shim(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}"

@@ -5,7 +5,7 @@ schedule by label, open it, pause it, meet a stale version's 412, change it,
 bulk-pause by label after a dry run; a delivered one's history, a large
 payload shown in part, a cancel; stored text never runs as script; with
 auth on, the key goes as a Bearer token and a tenant that is not an admin
-sees no cluster view. The three-node cluster view is tests/test_cluster_page.py's.
+sees no cluster view. The three-node cluster view is tests/node/api/test_cluster_page.py's.
 """
 
 from __future__ import annotations

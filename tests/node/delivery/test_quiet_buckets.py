@@ -5,7 +5,7 @@ stored by another node, whose hint is lost; a retry; a resume) is still
 delivered on time. Without the feed (broken, or a store without one) every
 idle bucket is read once a poll interval, and a lost hint costs at most that.
 In virtual time on the memory store, whose feed is the twin of MongoDB's
-change stream (``tests/test_store_contract.py`` checks both)."""
+change stream (``tests/node/store/test_store_contract.py`` checks both)."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def test_an_unknown_scenario_name_lists_the_known_ones() -> None:
         load("no-such-scenario")
 
 
-# -- the checker's findings in the summary (the checker: tests/test_chaos_checker.py)
+# -- the checker's findings in the summary (the checker: tests/chaos/test_checker.py)
 
 
 def test_the_summary_prints_the_kinds_and_a_line_per_duplicate_up_to_twenty() -> None:

@@ -1,6 +1,6 @@
 """The egress policy (node/schedule/egress.py): what a URL alone shows,
 checked at create. The same forms refused again at delivery, with a server
-listening that must receive nothing, are in tests/test_http_sink.py."""
+listening that must receive nothing, are in tests/node/delivery/test_http_sink.py."""
 
 from __future__ import annotations
 

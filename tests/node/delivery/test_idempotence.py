@@ -37,6 +37,9 @@ from tests.conftest import (
 )
 from tests.kafka_standin import InitProducerIdStandIn
 
+# Starts brokers of its own besides the shared ones.
+pytestmark = pytest.mark.servers
+
 
 async def schedule_one(node: NodeHandle, topic: str) -> str:
     due = (datetime.now(UTC) + timedelta(milliseconds=200)).isoformat().replace("+00:00", "Z")

@@ -14,9 +14,10 @@ import pytest
 from chaos.lab.network import Namespaces, probe, sweep
 
 REASON = probe()
-pytestmark = pytest.mark.skipif(
-    REASON is not None, reason=f"network namespaces unavailable here: {REASON}"
-)
+pytestmark = [
+    pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable here: {REASON}"),
+    pytest.mark.servers,  # listeners in namespaces of their own
+]
 
 LISTEN = """
 import socket, sys

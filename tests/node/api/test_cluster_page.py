@@ -2,7 +2,7 @@
 real headless browser (Debian's Chromium, driven by Playwright) against three
 real node processes: it shows the three members and the bucket ownership,
 says which figures are this node's, and follows a kill. The rest of the
-console is tests/test_console.py's."""
+console is tests/node/api/test_console.py's."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from chaos.lab.harness import until
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.servers,  # three node processes and Chromium
     pytest.mark.skipif(
         CHROMIUM is None,
         reason="no Chromium on this machine: `make test` installs the distribution's "

@@ -271,7 +271,7 @@ async def test_every_documented_list_filter_and_cancel_field_is_taken(
         "destination": "kafka",
     }  # fmt: skip
     parameters = document()["paths"]["/v1/schedules"]["get"]["parameters"]
-    # host: an http target's (tests/test_http_targets.py lists by it).
+    # host: an http target's (tests/node/delivery/test_http_delivery.py lists by it).
     queries = {p["name"] for p in parameters if p["in"] == "query"}
     assert queries == {*examples, "after", "host"}
     status, first = await node.request("GET", "/v1/schedules", params=examples)
@@ -286,7 +286,7 @@ async def test_every_documented_list_filter_and_cancel_field_is_taken(
               "destination": "kafka", "status": ["PENDING", "PAUSED"],
               "dueBefore": window["dueBefore"], "tenant": "default"}  # fmt: skip
     fields = document()["components"]["schemas"]["Selector"]["properties"]
-    # host: an http target's, dryRun: a count (tests/test_http_delivery.py uses both).
+    # host: an http target's, dryRun: a count (tests/node/delivery/test_http_delivery.py uses both).
     assert set(fields) == {*cancel, "host", "dryRun"}
     status, answer = await node.request(
         "POST", "/v1/schedules:cancel", json={**cancel, "dryRun": True}

@@ -190,6 +190,7 @@ async def test_the_backlog_counts_pending_schedules_already_due_per_bucket(
     assert await schedules.due_backlog(range(16), now, limit=1) == {1: 1, 2: 1}  # bounded
 
 
+@pytest.mark.servers  # a SecantusDB of its own, killed
 async def test_a_mark_acknowledged_just_before_the_store_dies_survives_it(tmp_path: Path) -> None:
     """Soak seed 2 left s16692 IN_FLIGHT for good: its mark (w: 1) was
     acknowledged, the database was SIGKILLed before journaling it, and the

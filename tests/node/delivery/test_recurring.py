@@ -3,7 +3,7 @@ store and broker: every occurrence delivered once, the chain materialised
 by the owner's fenced write, misfire policies after a stopped cluster, DELETE
 ending a chain, failures going to the dead-letter topic without breaking it.
 
-Time-zone and DST arithmetic is tested without IO in tests/test_recurrence.py.
+Time-zone and DST arithmetic is tested without IO in tests/node/schedule/test_recurrence.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from chaos.summary import write
 from tests.conftest import NodeFactory
 from tests.helpers import Svgs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def evidence(result: dict[str, Any], data_dir: Path) -> str:

@@ -28,7 +28,7 @@ from node.ops.devstack import DevOptions, DevStack
 from ring import bucket_for
 from tests.conftest import TopicReader, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def consecutive_free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> int:

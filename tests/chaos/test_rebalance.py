@@ -10,7 +10,7 @@ import pytest
 
 from chaos.rebalance import CI, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 async def test_join_kill_and_leave_under_load_lose_nothing(tmp_path: Path) -> None:

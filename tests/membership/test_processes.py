@@ -12,7 +12,7 @@ import pytest
 from bench.membership_bench import RealCluster
 from node.ops import embedded
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def free_base(count: int) -> int:

@@ -74,6 +74,7 @@ def test_resumption_is_the_first_delivery_after_the_kill_per_busy_bucket() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.servers  # a whole stack: store, broker, nodes, receivers
 def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None:
     plan = delivery_bench.Plan(
         nodes=(1,),
@@ -116,6 +117,7 @@ def test_the_delivery_suite_runs_every_system_and_computes_every_ratio() -> None
 
 
 @pytest.mark.slow
+@pytest.mark.servers  # a whole stack: store, broker, nodes, receivers
 def test_the_delivery_suite_delivers_by_http_and_measures_a_hung_hosts_neighbour() -> None:
     plan = dataclasses.replace(
         delivery_bench.HTTP_QUICK,
