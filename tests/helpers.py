@@ -1,6 +1,6 @@
 """What the test modules share: builders, stand-ins and waits.
 
-No test module imports another (tests/system/test_layout.py checks it); what
+No test module imports another (tests/test_layout.py checks it); what
 two of them need lives here, or, for fixtures, in tests/conftest.py. The
 other helper modules beside this one (stores, virtual, tcp_cut,
 kafka_standin, node_process, chaos_histories) are larger stand-ins of one
@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 """The repository's root, for tests that read its files (docs, deploy, tools)."""
 
 
-# -- delivery --
+# -- times, statuses, and a broker fault the real broker cannot make -----------
+
+
 def at(seconds: float) -> str:
     when = datetime.now(UTC) + timedelta(seconds=seconds)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -119,12 +121,16 @@ async def failing_node(
     return await start_node(node)
 
 
-# -- recurring --
+# -- the API's time stamps -----------------------------------------------------
+
+
 def stamp(when: datetime) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# -- ownership --
+# -- a cluster of in-process nodes ---------------------------------------------
+
+
 BUCKETS = 32
 
 
@@ -142,7 +148,9 @@ async def cluster(start_node: NodeFactory, names: list[str], **overrides: str) -
     return [first, *rest]
 
 
-# -- fencing --
+# -- a poller and a store of overdue schedules, without a node -----------------
+
+
 def poller(
     store: ScheduleStore,
     leases: LeaseManager,
@@ -180,14 +188,18 @@ async def store_overdue(store: ScheduleStore, topic: str, ids: Sequence[str]) ->
         await store.insert(parse_new_schedule(body, limits, now), now)
 
 
-# -- hung_store --
+# -- a node's metrics ----------------------------------------------------------
+
+
 async def metric(node: NodeHandle, name: str) -> float:
     _, text = await node.request("GET", "/metrics")
     line = next((x for x in text.splitlines() if x.startswith(name + " ")), None)
     return float(line.split()[-1]) if line else 0.0
 
 
-# -- chaos --
+# -- chaos scenarios and the HTML report ---------------------------------------
+
+
 def scenario(**fields: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"nodes": 3, "duration": 60, "rate": 10, "timeline": []}
     base.update(fields)
@@ -220,7 +232,9 @@ class Svgs(HTMLParser):
             self.title += data
 
 
-# -- api --
+# -- a schedule's body ---------------------------------------------------------
+
+
 FAR = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
 
 
@@ -230,7 +244,9 @@ def schedule(**fields: Any) -> dict[str, Any]:
     return base
 
 
-# -- ctl --
+# -- python -m node ctl, in process --------------------------------------------
+
+
 async def ctl(handle: NodeHandle | str, *argv: str) -> tuple[int, str]:
     code, out, _ = await ctl_with_errors(handle, *argv)
     return code, out

@@ -24,11 +24,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
-from tests.helpers import FailingPublisher, stamp
-
-
-def parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+from tests.helpers import FailingPublisher, parse, stamp
 
 
 def execute_ats(records: list[Any], schedule_id: str) -> list[str]:

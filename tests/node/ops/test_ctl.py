@@ -22,12 +22,7 @@ from node.ops.cli import build_parser
 from node.process import Node
 from node.store import schedules as schedule_store
 from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config, unique, wait_until
-from tests.helpers import FailingPublisher, cluster, ctl, ctl_with_errors
-
-
-def at(seconds: float) -> str:
-    when = datetime.now(UTC) + timedelta(seconds=seconds)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from tests.helpers import FailingPublisher, at, cluster, ctl, ctl_with_errors
 
 
 def settled(*handles: NodeHandle) -> Any:
