@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +40,7 @@ from bucket_scheduler_client.models import HttpTarget, Schedule, decode
 from node.ops import embedded
 from node.schedule.webhook import HttpCall, new_secret, secret_key, signed_headers
 from tests.conftest import HOST, EmbeddedServers, NodeFactory, unique, wait_until
+from tests.helpers import ROOT
 from tests.tcp_cut import CuttableRelay
 
 
@@ -119,7 +119,7 @@ async def test_a_script_creates_patches_pauses_lists_and_cancels(start_node: Nod
 async def test_the_example_script_runs_against_a_node(start_node: NodeFactory) -> None:
     """clients/python/examples/round_trip.py, as a user runs it: its own process."""
     node = await start_node()
-    script = Path(__file__).parent.parent / "clients" / "python" / "examples" / "round_trip.py"
+    script = ROOT / "clients" / "python" / "examples" / "round_trip.py"
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(script), node.url, unique("example"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
