@@ -772,8 +772,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=setting.attr,
             default=None,
             metavar=setting.env,
-            help=f"{setting.help} [env {setting.env}, default {setting.default or 'none'}]",
+            help=_flag_help(setting),
         )
+
+
+def _flag_help(setting: Setting) -> str:
+    """A flag's help: its meaning, its variable and its default (unless the
+    meaning names a default of its own, the host name for NODE_ID)."""
+    if "(default:" in setting.help:
+        return f"{setting.help} [env {setting.env}]"
+    return f"{setting.help} [env {setting.env}, default {setting.default or 'none'}]"
 
 
 def load(

@@ -158,3 +158,15 @@ def test_unsigned_gossip_is_taken_only_when_asked_for() -> None:
     with pytest.raises(node_config.ConfigError, match=r"^CLUSTER_KEYS:"):
         node_config.load({}, environ={"NODE_ID": "n1"})
     assert node_config.load({}, environ=BASE).gossip_unsigned is True
+
+
+def test_the_node_id_flag_names_the_host_name_as_its_default_and_nothing_else() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    node_config.add_arguments(parser)
+    [action] = [a for a in parser._actions if "--node-id" in a.option_strings]
+    assert action.help is not None
+    assert "(default: the host name)" in action.help and "default none" not in action.help
+    [port] = [a for a in parser._actions if "--http-bind" in a.option_strings]
+    assert port.help is not None and "default 0.0.0.0:8080" in port.help
