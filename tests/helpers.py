@@ -9,13 +9,16 @@ kind each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
@@ -35,6 +38,19 @@ from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository's root, for tests that read its files (docs, deploy, tools)."""
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """``app`` listening on a free port of ``host`` (an HTTP destination, a
+    collector) for the block; its base URL."""
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, 0).start()
+        yield f"http://{host}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 # -- times, statuses, and a broker fault the real broker cannot make -----------

@@ -40,7 +40,7 @@ from bucket_scheduler_client.models import HttpTarget, Schedule, decode
 from node.ops import embedded
 from node.schedule.webhook import HttpCall, new_secret, secret_key, signed_headers
 from tests.conftest import HOST, EmbeddedServers, NodeFactory, unique, wait_until
-from tests.helpers import ROOT
+from tests.helpers import ROOT, serving
 from tests.tcp_cut import CuttableRelay
 
 
@@ -315,21 +315,14 @@ async def test_a_receiver_verifies_what_a_node_delivered(start_node: NodeFactory
 
     app = web.Application()
     app.router.add_post("/hook", receive)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, HOST, 0).start()
-    port = runner.addresses[0][1]
-    try:
-        async with AsyncClient(node.url) as c:
-            s = await c.create(http={"url": f"http://{HOST}:{port}/hook"},
-                               execute_at=datetime.now(UTC), payload={"order": 42})  # fmt: skip
+    async with serving(app, HOST) as url, AsyncClient(node.url) as c:
+        s = await c.create(http={"url": f"{url}/hook"},
+                           execute_at=datetime.now(UTC), payload={"order": 42})  # fmt: skip
 
-            async def delivered() -> bool:
-                return bool(arrived) and (await c.get(s)).status == "DELIVERED"
+        async def delivered() -> bool:
+            return bool(arrived) and (await c.get(s)).status == "DELIVERED"
 
-            await wait_until(delivered, 60, "the delivery, and its mark")
-    finally:
-        await runner.cleanup()
+        await wait_until(delivered, 60, "the delivery, and its mark")
     [(headers, body)] = arrived
     checked = Verifier(secret).verify(headers, body)
     assert (checked.schedule_id, checked.attempt, checked.tenant) == (s.id, 1, "default")

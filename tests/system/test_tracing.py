@@ -22,6 +22,7 @@ from node import telemetry
 from node.errors import CannotStart
 from node.schedule.webhook import new_secret
 from tests.conftest import EmbeddedServers, TopicReader, unique, wait_until
+from tests.helpers import serving
 from tests.node_process import NodeProcess
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -88,12 +89,8 @@ async def collector() -> AsyncIterator[tuple[Collector, str]]:
     app = web.Application()
     app.router.add_post("/v1/traces", collector.handle)
     app.router.add_post("/hook", collector.hook)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield collector, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield collector, url
 
 
 async def test_a_delivery_span_is_the_child_of_the_create_and_passed_on(
