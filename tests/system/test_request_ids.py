@@ -37,6 +37,7 @@ from tests.conftest import (
     unique,
     wait_until,
 )
+from tests.helpers import serving
 from tests.node_process import NodeProcess
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -180,19 +181,22 @@ async def test_every_answer_echoes_the_id_even_a_refusal_and_a_404(
         assert response.headers["X-Request-ID"] == "r-bad-body"
 
 
+@pytest.mark.parametrize(
+    "hostile", ["has space", "x" * (MAX_REQUEST_ID + 1), "caf\u00e9", "tab\tinside", "%0d%0a x"]
+)
 async def test_a_malformed_request_id_is_a_400_and_stores_nothing(
-    start_node: NodeFactory,
+    start_node: NodeFactory, hostile: str
 ) -> None:
     node = await start_node()
     body = {"id": "never-stored", "topic": "t", "executeAt": _soon(60), "payload": 1}
     async with node.session.post(
-        node.url + "/v1/schedules", json=body, headers={"X-Request-ID": "has space"}
+        node.url + "/v1/schedules", json=body, headers={"X-Request-ID": hostile}
     ) as response:
         refusal = await response.json()
         assert response.status == 400
         assert refusal["error"]["field"] == "X-Request-ID"
         made = response.headers["X-Request-ID"]
-        assert made and made != "has space"
+        assert made and made != hostile
     status, _ = await node.request("GET", "/v1/schedules/never-stored")
     assert status == 404
 
@@ -256,12 +260,8 @@ async def hooks() -> AsyncIterator[tuple[Hooks, str]]:
     hooks = Hooks()
     app = web.Application()
     app.router.add_post("/hook", hooks.handle)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield hooks, f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield hooks, url + "/hook"
 
 
 async def _post(
