@@ -139,6 +139,7 @@ class MongoChangeFeed:
         try:
             while self.stream.alive:
                 event = await self.stream.try_next()
+                _raise_if_cancelled()
                 if event is None:
                     await asyncio.sleep(self.pause)
                     continue
@@ -155,3 +156,14 @@ class MongoChangeFeed:
         # Closing a stream on a server that is gone: nothing left to free.
         with contextlib.suppress(PyMongoError):
             await self.stream.close()
+
+
+def _raise_if_cancelled() -> None:
+    """Honour a cancel the driver swallowed. A cancel that lands while a
+    getMore waits is taken by pymongo (4.20) as a cancelled operation: it
+    drops the connection, answers None as for an empty batch, and the
+    stream goes on, so the feed would never end and a stopping node would
+    wait out its STOP_GRACE for it. The cancel is still asked of the task."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
