@@ -180,7 +180,7 @@ async def run(buckets: Sequence[int], nodes: Sequence[int], chunked: bool) -> st
             uri = embedded.mongo_uri(HOST, port)
             rows = [await measure(uri, b, n, chunked) for b in buckets for n in nodes]
         finally:
-            embedded.stop(mongo)
+            embedded.discard(mongo)
     return render(rows)
 
 

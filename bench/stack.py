@@ -117,8 +117,8 @@ def embedded_servers(prefix: str, *, ttl_sweep: bool = True) -> Iterator[Servers
                         print(f"{name} exited with {process.returncode}:\n{tail}", file=sys.stderr)
                 raise
             finally:
-                embedded.stop(kafka)
-                embedded.stop(mongo)
+                embedded.discard(kafka)
+                embedded.discard(mongo)
 
 
 # -- schedules -------------------------------------------------------------------

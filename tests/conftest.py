@@ -138,8 +138,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer
     try:
         yield EmbeddedServers(HOST, mongo_port, bootstrap, data_dir, mongo, kafka)
     finally:
-        embedded.stop(kafka)
-        embedded.stop(mongo)
+        embedded.discard(kafka)
+        embedded.discard(mongo)
 
 
 def unique(prefix: str) -> str:

@@ -421,10 +421,10 @@ class LocalCluster:
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             embedded.stop(node.process, timeout=15)
+        # The run is over and read: the servers' data goes with the scratch folder.
         for server in (self.kafka, self.mongo, self.objectstore):
             if server is not None:
-                server.send_signal(signal.SIGCONT)  # a paused one cannot stop
-                embedded.stop(server)
+                embedded.discard(server)
         for handle in self._logs:
             handle.close()
         if self.network is not None:

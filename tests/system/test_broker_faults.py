@@ -55,7 +55,7 @@ class Broker:
 
     def stop(self) -> None:
         if self.process is not None:
-            embedded.stop(self.process)
+            embedded.discard(self.process)
             self.process = None
 
 

@@ -220,4 +220,4 @@ async def test_a_mark_acknowledged_just_before_the_store_dies_survives_it(tmp_pa
         assert statuses == ["DELIVERED"]
     finally:
         await client.close()
-        embedded.stop(process)
+        embedded.discard(process)
