@@ -33,36 +33,28 @@ notes its ``sink`` in the history, and each switching PATCH the one it
 switches to (with the executeAt it moves the schedule to as well, so that
 ``chaos/settle.py`` can tell by the time whether an unanswered one took).
 
-Every call goes through ``Api.call``: a serving node picked at random, its
-answer an ``ok`` (2xx), a ``fail`` (any other 4xx) or an ``info`` (no
-answer, or a 5xx: the store may have applied the write before it failed;
-``chaos/settle.py`` asks after the run). A create is tried up to six times,
-as a client would, waiting as long as a 503's or a 429's ``Retry-After``
-asks (at most RETRY_AFTER_CAP); one still refused then is a ``fail`` (a
-record of it anyway is an unknown delivery, not a breach).
-
-The load speaks HTTP itself (aiohttp), not through the Python client
-(``clients/python``). It could, with one client per node and no retries
-(each try goes to a node picked for it, and the load makes and waits its
-own tries), but each answer would then be unwrapped from the client's
-models and exceptions back into the status, code and body the history
-keeps; and httpx's connection pool for aiohttp's changes the load itself
-(its connections, and its timing under faults) against the runs it is
-compared with.
+Every call goes through the project's own client (``clients/python``,
+``AsyncClient``), one per node and with its retries off: each try goes to a
+serving node picked for it (``Api``), and the load makes and waits its own
+tries. An answer is an ``ok`` (2xx), a ``fail`` (any other 4xx) or an
+``info`` (no answer, or a 5xx: the store may have applied the write before
+it failed; ``chaos/settle.py`` asks after the run). A create is tried up to
+six times, as a client would, waiting as long as a 503's or a 429's
+``Retry-After`` asks (at most RETRY_AFTER_CAP); one still refused then is a
+``fail`` (a record of it anyway is an unknown delivery, not a breach).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
+from bucket_scheduler_client import NO_RETRY, ApiError, AsyncClient, ClientError
 
 from chaos import history as ops
 from chaos.history import HTTP, KAFKA, History, Op
@@ -126,17 +118,26 @@ class Webhook:
 
 @dataclass(frozen=True)
 class Answer:
-    status: int | None  # None: no answer
-    text: str  # the body, or what went wrong when there was no answer
-    retry_after: str | None = None
+    """What one call got: the client's result, its refusal, or no answer."""
 
-    @property
-    def data(self) -> Any:
-        """The body as JSON; None when it is not JSON."""
-        try:
-            return json.loads(self.text)
-        except ValueError:
-            return None
+    status: int | None  # None: no answer
+    data: Any = None  # the body as JSON (a result's or a refusal's); None if none
+    text: str = ""  # no answer: what went wrong
+    retry_after: float | None = None  # seconds a refusal asked to wait
+
+    @classmethod
+    def of(cls, result: Any) -> Answer:
+        """A 2xx: the body the client's model was read from. The API answers
+        every verb's success with a 200 (a create's 201 and 200 both take)."""
+        return cls(200, getattr(result, "raw", None))
+
+    @classmethod
+    def refused(cls, error: ApiError) -> Answer:
+        return cls(error.status, error.body, retry_after=error.retry_after)
+
+    @classmethod
+    def unanswered(cls, error: BaseException) -> Answer:
+        return cls(None, text=f"{type(error).__name__} {error}"[:200])
 
     @property
     def type(self) -> str:
@@ -158,7 +159,11 @@ class Answer:
 
     def why(self) -> str:
         """What a refusal said, for the run's count of refusals."""
-        return self.text if self.status is None else f"HTTP {self.status} {self.text[:200]}"
+        if self.status is None:
+            return self.text
+        error = self.data.get("error") if isinstance(self.data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        return f"HTTP {self.status} {self.code or ''}: {message or ''}"[:200]
 
     def fields(self) -> dict[str, Any]:
         """What the history keeps of it: the status, the error's code, and
@@ -171,50 +176,64 @@ class Answer:
         return kept
 
 
+# One call of the client, given the client of the node picked for it.
+Call = Callable[[AsyncClient], Awaitable[Any]]
+
+
 class Api:
     """One call path to the cluster: a serving node picked at random for
     each call (``serving`` gives their base URLs, as a load balancer would
-    know them)."""
+    know them), through a client of that node that never retries itself."""
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         serving: Callable[[], Sequence[str]],
         rng: random.Random,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
     ) -> None:
-        self.session = session
         self.serving = serving
         self.rng = rng
+        self.headers = dict(headers or {})
+        self.timeout = timeout
+        self._clients: dict[str, AsyncClient] = {}
+
+    async def __aenter__(self) -> Api:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(client.close() for client in clients))
+
+    def client(self, node: str) -> AsyncClient:
+        """The node's client, made on first use."""
+        if node not in self._clients:
+            self._clients[node] = AsyncClient(
+                node, headers=self.headers, timeout=self.timeout, retry=NO_RETRY
+            )
+        return self._clients[node]
 
     def pick(self) -> str | None:
         """A serving node's base URL; None: none serves."""
         urls = self.serving()
         return self.rng.choice(list(urls)) if urls else None
 
-    async def send(
-        self,
-        node: str,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Answer:
+    async def send(self, node: str, call: Call) -> Answer:
         try:
-            async with self.session.request(method, node + path, json=body, headers=headers) as r:
-                return Answer(r.status, await r.text(), r.headers.get("Retry-After"))
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return Answer(None, f"{type(exc).__name__} {exc}"[:200])
+            return Answer.of(await call(self.client(node)))
+        except ApiError as refusal:
+            return Answer.refused(refusal)
+        except ClientError as error:  # no answer: the node is down, cut off or too slow
+            return Answer.unanswered(error)
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Answer | None:
+    async def call(self, call: Call) -> Answer | None:
         """The answer of a node picked now, or None: no node to ask, nothing sent."""
         node = self.pick()
-        return None if node is None else await self.send(node, method, path, body, headers)
+        return None if node is None else await self.send(node, call)
 
 
 @dataclass
@@ -258,10 +277,7 @@ class Load:
         self,
         process: str,
         f: str,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
+        call: Call,
         **value: Any,
     ) -> tuple[Op, Answer] | None:
         """One call as an invoke and its completion (None: no node to ask,
@@ -271,7 +287,7 @@ class Load:
             return None
         schedule = value.pop("schedule", process)
         invoked = self.history.invoke(process, f, time.time(), schedule, **value)
-        answer = await self.api.send(node, method, path, body, headers)
+        answer = await self.api.send(node, call)
         done = self.history.complete(invoked, answer.type, time.time(), **answer.fields())
         return done, answer
 
@@ -290,25 +306,25 @@ class Load:
         execute_at = _to_ms(datetime.now(UTC) + timedelta(seconds=lead))
         schedule_id = f"s{i}"
         group = f"g{self.rng.randrange(GROUPS)}"
-        body = {
+        fields: dict[str, Any] = {
             "id": schedule_id,
             **self._destination(schedule_id, i, http),
-            "executeAt": iso(execute_at),
+            "execute_at": iso(execute_at),
             "payload": i,
             "labels": {"group": group},
         }
         limited = http and self.webhook is not None and self.rng.random() < FLOW_SHARE
         noted: dict[str, Any] = {}
         if limited:
-            body["flowControl"] = FLOW_LIMIT
+            fields["flow_control"] = FLOW_LIMIT
             noted = {"flowRate": FLOW_LIMIT["rate"], "flowPeriod": 1.0}
         if self.rng.random() < PRIORITY_SHARE:
-            body["priority"] = self.rng.randrange(10)
+            fields["priority"] = self.rng.randrange(10)
         invoked = self.history.invoke(
             schedule_id, ops.CREATE, time.time(), schedule_id,
             executeAt=execute_at.timestamp(), group=group, sink=HTTP if http else KAFKA, **noted,
         )  # fmt: skip
-        answer = await self._create(body)
+        answer = await self._create(fields)
         if answer is None or answer.type != ops.OK:
             why = answer.why() if answer is not None else ""
             self.history.complete(invoked, ops.FAIL, time.time(), error=why)
@@ -323,15 +339,15 @@ class Load:
         elif draw < CANCEL_SHARE + RESCHEDULE_SHARE + PAUSE_SHARE:
             await self._pause(schedule_id)
 
-    async def _create(self, body: dict[str, Any]) -> Answer | None:
-        """POST it until a node takes it, CREATE_TRIES at most; the last answer."""
+    async def _create(self, fields: dict[str, Any]) -> Answer | None:
+        """Create it until a node takes it, CREATE_TRIES at most; the last answer."""
         last = None
         for _ in range(CREATE_TRIES):
-            answer = await self.api.call("POST", "/v1/schedules", body)
+            answer = await self.api.call(lambda c: c.create(**fields))
             if answer is None:
                 await asyncio.sleep(0.2)
                 continue
-            if answer.status in (200, 201):
+            if answer.type == ops.OK:
                 return answer
             last = answer
             # A client keeps the API's contract: a 503 says when to come back
@@ -341,7 +357,7 @@ class Load:
         return last
 
     async def _cancel(self, schedule_id: str) -> None:
-        await self._called(schedule_id, ops.CANCEL, "DELETE", f"/v1/schedules/{schedule_id}")
+        await self._called(schedule_id, ops.CANCEL, lambda c: c.cancel(schedule_id))
 
     async def _reschedule(
         self, schedule_id: str, version: int | None, i: int = 0, http: bool = False
@@ -354,21 +370,15 @@ class Load:
             new = _to_ms(datetime.now(UTC) + timedelta(seconds=self.rng.uniform(0.5, 5.0)))
             # Half with the version the last answer gave: a 412 if it moved since.
             match = version is not None and self.rng.random() < 0.5
-            body: dict[str, Any] = {"executeAt": iso(new)}
+            fields: dict[str, Any] = {"execute_at": iso(new)}
             switch: dict[str, Any] = {}
             if self.webhook is not None and self.rng.random() < SWITCH_SHARE:
                 http = not http
-                body.update(self._destination(schedule_id, i, http))
+                fields.update(self._destination(schedule_id, i, http))
                 switch["sink"] = HTTP if http else KAFKA
+            patch = patching(schedule_id, fields, version if match else None)
             called = await self._called(
-                schedule_id,
-                ops.PATCH,
-                "PATCH",
-                f"/v1/schedules/{schedule_id}",
-                body,
-                {"If-Match": f'"{version}"'} if match else None,
-                executeAt=new.timestamp(),
-                **switch,
+                schedule_id, ops.PATCH, patch, executeAt=new.timestamp(), **switch
             )
             if called is None or called[1].type != ops.OK:
                 return  # unknown (settled after the run), or refused: as it was
@@ -379,14 +389,13 @@ class Load:
     async def _pause(self, schedule_id: str) -> None:
         """Pause it; resume half of those paused 0.5-3 s later."""
         await asyncio.sleep(self.rng.uniform(0.0, VERB_DELAY))
-        path = f"/v1/schedules/{schedule_id}"
-        called = await self._called(schedule_id, ops.PAUSE, "POST", f"{path}:pause")
+        called = await self._called(schedule_id, ops.PAUSE, lambda c: c.pause(schedule_id))
         if called is None or called[1].type != ops.OK:
             return  # paused or not, asked after the run; or in flight already, or final
         if self.rng.random() >= RESUME_SHARE:
             return
         await asyncio.sleep(self.rng.uniform(0.5, 3.0))
-        await self._called(schedule_id, ops.RESUME, "POST", f"{path}:resume")
+        await self._called(schedule_id, ops.RESUME, lambda c: c.resume(schedule_id))
 
     # -- recurring schedules -----------------------------------------------------
 
@@ -405,7 +414,7 @@ class Load:
             "misfire": "fire_all",
             "maxCatchUp": 1000,
         }
-        body = {
+        fields = {
             "id": schedule_id,
             **self._destination(schedule_id, n, http),
             "payload": n,
@@ -418,8 +427,8 @@ class Load:
             sink=HTTP if http else KAFKA,
         )  # fmt: skip
         for _ in range(CHAIN_TRIES):
-            answer = await self.api.call("POST", "/v1/schedules", body)
-            if answer is not None and answer.status in (200, 201):
+            answer = await self.api.call(lambda c: c.create(**fields))
+            if answer is not None and answer.type == ops.OK:
                 self.history.complete(invoked, ops.OK, time.time())
                 return
             await asyncio.sleep(0.2)
@@ -448,12 +457,13 @@ class Load:
         to repeat, so tried again on no answer or a 5xx, and while ``more``
         (a moment later when nothing changed: what is left is in flight)."""
         due_before = datetime.now(UTC) + timedelta(seconds=BULK_AHEAD)
-        body = {"labels": {"group": group}, "dueBefore": iso(due_before)}
-        path = "/v1/schedules:cancel" if verb == ops.BULK_CANCEL else "/v1/schedules:pause"
+        name = "cancel" if verb == ops.BULK_CANCEL else "pause"
+
+        def bulk(c: AsyncClient) -> Awaitable[Any]:
+            return c.bulk(name, labels={"group": group}, due_before=iso(due_before))
+
         for _ in range(CREATE_TRIES):
-            called = await self._called(
-                "bulk", verb, "POST", path, body, schedule=None, group=group
-            )
+            called = await self._called("bulk", verb, bulk, schedule=None, group=group)
             if called is None:
                 await asyncio.sleep(0.2)
                 continue
@@ -469,14 +479,16 @@ class Load:
                 await asyncio.sleep(0.5)
 
 
+def patching(schedule_id: str, fields: dict[str, Any], version: int | None) -> Call:
+    """A PATCH of ``fields``, with If-Match of ``version`` unless None."""
+    return lambda c: c.patch(schedule_id, if_match=version, **fields)
+
+
 def _to_ms(when: datetime) -> datetime:
     """``when`` cut to whole milliseconds, as the API stores times."""
     return when.replace(microsecond=when.microsecond // 1000 * 1000)
 
 
-def retry_after(header: str | None, default: float) -> float:
-    """Seconds a Retry-After header asks for (at most RETRY_AFTER_CAP)."""
-    try:
-        return min(RETRY_AFTER_CAP, max(default, float(header))) if header else default
-    except ValueError:
-        return default
+def retry_after(asked: float | None, default: float) -> float:
+    """Seconds to wait for a refusal's Retry-After (at most RETRY_AFTER_CAP)."""
+    return default if asked is None else min(RETRY_AFTER_CAP, max(default, asked))

@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
@@ -194,10 +193,12 @@ class Run:
     async def _load_under_faults(self) -> tuple[Load, Recorder, Sampler]:
         """The load and the timeline together, with the sampler beside them;
         then every step's aftermath."""
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.cluster.headers) as session:
-            sampler = Sampler(self.cluster, self.player.running, self.player.store_cut)
-            api = Api(session, lambda: self._urls(sampler.serving(self.player.running())), self.rng)
+        sampler = Sampler(self.cluster, self.player.running, self.player.store_cut)
+
+        def serving() -> list[str]:
+            return self._urls(sampler.serving(self.player.running()))
+
+        async with Api(serving, self.rng, headers=self.cluster.headers, timeout=10) as api:
             load = Load(
                 self.history,
                 api,

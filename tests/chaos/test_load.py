@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -71,9 +71,11 @@ def view(status: str, execute_at: float = 100.0) -> dict[str, Any]:
     return {"status": status, "executeAt": iso(datetime.fromtimestamp(execute_at, UTC))}
 
 
-async def a_load(url: str, session: aiohttp.ClientSession, history: History) -> Load:
-    api = Api(session, lambda: [url], random.Random(1))
-    return Load(history, api, random.Random(1), topic="t", rate=1.0, duration=1.0)
+@asynccontextmanager
+async def a_load(url: str, history: History) -> AsyncIterator[Load]:
+    """A load of one node at ``url``; its clients closed after."""
+    async with Api(lambda: [url], random.Random(1)) as api:
+        yield Load(history, api, random.Random(1), topic="t", rate=1.0, duration=1.0)
 
 
 def created(history: History, schedule_id: str, at: float = 100.0, group: str = "g0") -> None:
@@ -98,8 +100,7 @@ async def test_a_patch_moves_a_schedule_only_on_a_200_and_a_503_is_unknown(
     history = History(started=0.0)
     for schedule_id in ("ok", "claimed", "lost"):
         created(history, schedule_id)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         for schedule_id in ("ok", "claimed", "lost"):
             await load._reschedule(schedule_id, 2)
     types = {c.schedule: c.type for c in history.calls(PATCH)}
@@ -126,24 +127,20 @@ async def test_a_delete_is_ok_on_a_200_fail_on_a_409_and_unknown_on_a_5xx_or_no_
     handlers["DELETE /v1/schedules/s-409"] = answer(409, {"error": {"code": "not_cancellable"}})
     handlers["DELETE /v1/schedules/s-503"] = answer(503, {})
     history = History(started=0.0)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         for schedule_id in ("s-200", "s-409", "s-503"):
             await load._cancel(schedule_id)
         # No answer at all: the node is gone.
-        load.api = Api(session, lambda: ["http://127.0.0.1:9"], random.Random(1))
-        await load._cancel("s-gone")
+        async with Api(lambda: ["http://127.0.0.1:9"], random.Random(1)) as load.api:
+            await load._cancel("s-gone")
     types = {c.schedule: c.type for c in history.calls(CANCEL)}
     assert types == {"s-200": OK, "s-409": FAIL, "s-503": INFO, "s-gone": INFO}
 
 
 async def test_no_serving_node_means_no_call_and_nothing_in_the_history() -> None:
     history = History(started=0.0)
-    async with aiohttp.ClientSession() as session:
-        load = Load(
-            history, Api(session, list, random.Random(1)), random.Random(1),
-            topic="t", rate=1.0, duration=1.0,
-        )  # fmt: skip
+    async with Api(list, random.Random(1)) as api:
+        load = Load(history, api, random.Random(1), topic="t", rate=1.0, duration=1.0)
         await load._cancel("s1")
     assert len(history) == 0
 
@@ -167,8 +164,7 @@ async def test_a_create_retries_as_long_as_a_503_asks_and_a_refusal_is_a_fail(
 
     handlers["POST /v1/schedules"] = post
     history = History(started=0.0)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         await load._schedule(1)
         handlers["POST /v1/schedules"] = answer(400, {"error": {"code": "invalid"}})
         await load._schedule(2)
@@ -179,11 +175,10 @@ async def test_a_create_retries_as_long_as_a_503_asks_and_a_refusal_is_a_fail(
 
 
 def test_a_retry_after_paces_the_next_try_within_a_cap() -> None:
-    assert retry_after("1", 0.1) == 1.0
-    assert retry_after("30", 0.1) == RETRY_AFTER_CAP
+    assert retry_after(1.0, 0.1) == 1.0
+    assert retry_after(30.0, 0.1) == RETRY_AFTER_CAP
     assert retry_after(None, 0.1) == 0.1
-    assert retry_after("soon", 0.1) == 0.1
-    assert retry_after("0", 0.1) == 0.1
+    assert retry_after(0.0, 0.1) == 0.1
 
 
 async def test_a_bulk_verb_is_asked_again_while_more_remain(
@@ -199,8 +194,7 @@ async def test_a_bulk_verb_is_asked_again_while_more_remain(
                    {"changed": 1, "more": False}])  # fmt: skip
     handlers["POST /v1/schedules:pause"] = lambda _request: web.json_response(next(paused))
     history = History(started=0.0)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         await load._bulk(BULK_CANCEL, "g3")
         await load._bulk(BULK_PAUSE, "g4")
     cancel, pause = bulk_calls(history)
@@ -348,8 +342,7 @@ async def test_an_http_schedule_names_the_receiver_and_its_create_notes_the_sink
     bodies: list[Any] = []
     handlers["POST /v1/schedules"] = taking(201, {"status": "PENDING", "version": 1}, bodies)
     history = History(started=0.0)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         load.webhook = Webhook("http://10.0.0.4:8000", 0.25, random.Random(1))
         await load._schedule(4, http=True)
         await load._schedule(5)
@@ -377,8 +370,7 @@ async def test_a_switching_patch_moves_the_time_and_the_destination_together(
     history = History(started=0.0)
     op = history.invoke("ok", CREATE, 1.0, "ok", executeAt=100.0, group="g0", sink=KAFKA)
     history.complete(op, OK, 1.1, version=1)
-    async with aiohttp.ClientSession() as session:
-        load = await a_load(url, session, history)
+    async with a_load(url, history) as load:
         load.webhook = Webhook("http://10.0.0.4:8000", 0.25, random.Random(1))
         await load._reschedule("ok", 1, 7, http=False)
     [body] = bodies

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -160,8 +159,7 @@ async def test_a_delete_answered_with_a_5xx_is_settled_like_one_without_an_answe
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     history = History(started=0.0)
     try:
-        async with aiohttp.ClientSession() as session:
-            api = Api(session, lambda: [f"http://127.0.0.1:{port}"], random.Random(1))
+        async with Api(lambda: [f"http://127.0.0.1:{port}"], random.Random(1)) as api:
             load = Load(history, api, random.Random(1), topic="t", rate=1, duration=1)
             for schedule_id in answers:
                 await load._cancel(schedule_id)
