@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -38,6 +40,37 @@ from tests.conftest import EmbeddedServers, NodeFactory, NodeHandle, make_config
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository's root, for tests that read its files (docs, deploy, tools)."""
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A fenced block of a Markdown page: its language, its text, and the
+    HTML comment on the line above its fence (the block's marker; "" if none)."""
+
+    path: Path
+    line: int  # of the opening fence, from 1
+    language: str
+    text: str
+    marker: str
+
+
+def fenced_blocks(path: Path) -> list[Fenced]:
+    """Every fenced block of the page, in order."""
+    lines = path.read_text().splitlines()
+    found: list[Fenced] = []
+    i = 0
+    while i < len(lines):
+        opening = re.match(r"^```(\S*)\s*$", lines[i])
+        if opening is None:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = lines[i - 1].strip() if i else ""
+        marker = above if above.startswith("<!--") and above.endswith("-->") else ""
+        text = "\n".join(lines[i + 1 : end])
+        found.append(Fenced(path, i + 1, opening.group(1), text, marker))
+        i = end + 1
+    return found
 
 
 @contextlib.asynccontextmanager

@@ -1,16 +1,25 @@
 """The manual (docs/) against the code: the API page lists every route and
 every error code the OpenAPI document has, with each code's status as its
-error class suggests it; the session and figures checks are in
+error class suggests it, and its receiver's check of a delivery takes what a
+node signs; the session and figures checks are in
 test_readme_session.py and test_figures.py, the settings table's in
 test_config.py."""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import standardwebhooks
 
 from node import errors
 from node.api.openapi import ERROR_CODES, document
-from tests.helpers import ROOT
+from node.schedule.webhook import build_call, new_secret, secret_key, signed_headers
+from tests.helpers import ROOT, fenced_blocks
 
 API_PAGE = ROOT / "docs" / "api.md"
 
@@ -82,3 +91,39 @@ def test_a_route_missing_from_the_page_is_seen() -> None:
     text = API_PAGE.read_text()
     line = next(line for line in text.splitlines() if line.startswith("| `GET /v1/cluster/counts`"))
     assert ("get", "/v1/cluster/counts") not in listed_routes(text.replace(line + "\n", ""))
+
+
+# -- the receiver's check of a delivery -------------------------------------------
+
+
+def receivers_accept() -> Callable[..., bool]:
+    """``accept`` as the API page writes it (the block it marks checked here)."""
+    [block] = [b for b in fenced_blocks(API_PAGE) if b.marker.startswith("<!-- checked:")]
+    namespace: dict[str, Any] = {}
+    exec(compile(block.text, f"{API_PAGE}:{block.line}", "exec"), namespace)
+    accept: Callable[..., bool] = namespace["accept"]
+    return accept
+
+
+def signed_delivery(secret: str, token: int) -> tuple[dict[str, str], bytes]:
+    """A delivery of token ``token`` as a node builds and signs it."""
+    doc = {"_id": "order-1", "tenant": "default", "http": {"url": "https://hooks.example/o"},
+           "executeAt": datetime(2030, 1, 1, tzinfo=UTC), "payload": b'{"order": 42}',
+           "createdAt": datetime(2029, 12, 31, tzinfo=UTC)}  # fmt: skip
+    call = build_call(doc, token, attempt=1)
+    headers = [*call.headers, *signed_headers(call, [secret_key(secret)], int(time.time()))]
+    return dict(headers), call.body
+
+
+def test_the_api_pages_receiver_accepts_a_delivery_and_refuses_a_stale_owner() -> None:
+    accept, secret = receivers_accept(), new_secret()
+    highest: dict[str, int] = {}
+    headers, body = signed_delivery(secret, token=7)
+    assert accept(secret, body, headers, highest) and highest == {headers["schedule-id"]: 7}
+    stale_headers, stale_body = signed_delivery(secret, token=6)  # a former owner, later
+    assert not accept(secret, stale_body, stale_headers, highest)
+    forged = {**headers, "fence-token": "9"}  # a token the node did not sign
+    assert not accept(secret, body, forged, highest)
+    assert highest == {headers["schedule-id"]: 7}
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        accept(secret, b'{"order": 43}', headers, highest)  # the body changed

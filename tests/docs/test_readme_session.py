@@ -1,9 +1,11 @@
-"""The README's five-minute session, and the API page's examples, run as
-written against a dev stack.
+"""The manual's command blocks: the README's five-minute session, and the
+examples of the docs' pages, run as written against a dev stack; every other
+command block says why it is not run here.
 
-In each file, the blocks under a ``<!-- session -->`` marker are one bash
-script; each
-``# →`` line after a command is what it prints (``...`` stands for anything).
+In each page, the blocks under a ``<!-- session -->`` marker are one bash
+script (a ``python`` block in it runs with this interpreter); each
+``# →`` line after a command is what it prints (``...`` stands for anything;
+a ``python`` block's come last in it, for what the whole block prints).
 The test starts ``python -m node dev`` on free ports, changes only what the
 README tells a user with other ports to change (the ports in the URLs,
 ``--bootstrap`` for ``scheduler tail``, ``SCHEDULER_URL``), runs the script
@@ -31,14 +33,29 @@ from pathlib import Path
 import pytest
 
 from node.ops import embedded
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Fenced, fenced_blocks
 
 README = ROOT / "README.md"
-# Every file with session blocks, each run as one script, in this order.
-SOURCES = (README, ROOT / "docs" / "api.md")
+MANUAL = (README, *sorted((ROOT / "docs").glob("*.md")))
 MARKER = "<!-- session -->"
+# A command block that is not run here says why, on the line above it:
+# ``<!-- not run: ... -->`` (what it needs that ``make run`` is not, and
+# what to substitute), or ``<!-- checked: tests/... -->`` (a test runs it).
+NOT_RUN = re.compile(r"<!-- not run: \S.* -->")
+CHECKED = re.compile(r"<!-- checked: (tests/\S+\.py) -->")
+COMMANDS = {"sh", "bash", "shell", "console", "python"}
 EXPECT = "# → "
 STEP = "@@step {}@@"
+
+
+def sources() -> list[Path]:
+    """Every page with session blocks, each run as one script, in this order."""
+    return [page for page in MANUAL if markers(page)]
+
+
+def markers(page: Path) -> int:
+    """The page's session markers: lines of their own (prose may name one)."""
+    return sum(line.strip() == MARKER for line in page.read_text().splitlines())
 
 
 @dataclass(frozen=True)
@@ -49,11 +66,21 @@ class Step:
     expected: tuple[str, ...]
 
 
-def session_blocks(text: str) -> list[str]:
-    """The ```sh blocks right after each session marker."""
-    blocks = re.findall(re.escape(MARKER) + r"\n```sh\n(.*?)\n```", text, re.S)
-    assert len(blocks) == text.count(MARKER), "a session marker not followed by a ```sh block"
-    return blocks
+def session_blocks(page: Path) -> list[str]:
+    """The blocks right after each session marker, as bash."""
+    blocks = [b for b in fenced_blocks(page) if b.marker == MARKER]
+    assert len(blocks) == markers(page), f"{page}: a marker not above a block"
+    assert all(b.language in ("sh", "python") for b in blocks), f"{page}: a session of sh or python"
+    return [b.text if b.language == "sh" else as_bash(b) for b in blocks]
+
+
+def as_bash(block: Fenced) -> str:
+    """A python block as one bash command (a here-document for this
+    interpreter), its ``# →`` lines after it."""
+    lines = block.text.splitlines()
+    code = [line for line in lines if not line.startswith(EXPECT)]
+    expected = [line for line in lines if line.startswith(EXPECT)]
+    return "\n".join(["\"$PYTHON\" - <<'PY'", *code, "PY", *expected])
 
 
 def steps(blocks: list[str]) -> list[Step]:
@@ -107,10 +134,36 @@ def unmatched(expected: tuple[str, ...], output: str) -> list[str]:
 
 
 def test_the_readme_has_a_session_of_several_checked_steps() -> None:
-    found = steps(session_blocks(README.read_text()))
+    found = steps(session_blocks(README))
     assert len(found) >= 8
     assert all(step.commands.strip() for step in found)
-    assert len(steps(session_blocks(SOURCES[1].read_text()))) >= 5
+    assert len(steps(session_blocks(ROOT / "docs" / "api.md"))) >= 5
+
+
+def test_every_command_block_of_the_manual_runs_or_says_why_not() -> None:
+    unexplained, unchecked = [], []
+    for page in MANUAL:
+        for block in fenced_blocks(page):
+            if block.language not in COMMANDS or block.marker == MARKER:
+                continue
+            checked = CHECKED.fullmatch(block.marker)
+            if checked is not None:
+                test = ROOT / checked.group(1)
+                if not test.is_file() or page.name not in test.read_text():
+                    unchecked.append(f"{page.name}:{block.line} {checked.group(1)}")
+            elif NOT_RUN.fullmatch(block.marker) is None:
+                unexplained.append(f"{page.name}:{block.line}")
+    assert unexplained == [], "blocks neither run nor saying why not"
+    assert unchecked == [], "blocks naming a test that does not read their page"
+
+
+def test_a_python_block_of_a_session_runs_with_this_interpreter() -> None:
+    block = Fenced(README, 1, "python", "print(2 + 2)\n# → 4", MARKER)
+    [step] = steps([as_bash(block)])
+    assert step.expected == ("4",)
+    result = subprocess.run(["bash", "-c", step.commands], env={"PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.stdout == "4\n", result.stderr
 
 
 def test_a_step_that_prints_something_else_fails() -> None:
@@ -189,7 +242,8 @@ class Stack:
 
     def substituted(self, text: str) -> str:
         for n, port in enumerate(range(8080, 8083)):
-            text = text.replace(f"localhost:{port}", f"localhost:{self.http + n}")
+            for host in ("localhost", "127.0.0.1"):
+                text = text.replace(f"{host}:{port}", f"{host}:{self.http + n}")
         return text.replace(
             "scheduler tail ", f"scheduler tail --bootstrap 127.0.0.1:{self.kafka} "
         )
@@ -208,14 +262,17 @@ def shim(directory: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.servers
 def test_the_session_blocks_run_as_written(tmp_path: Path) -> None:
-    stack = Stack(tmp_path / "data")
+    # Where `make run` keeps its data, from where the sessions run: its
+    # logs are dev-data/logs/ to them.
+    stack = Stack(tmp_path / "dev-data")
     path = f"{shim(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}"
-    env = {**os.environ, "PATH": path, "SCHEDULER_URL": f"http://127.0.0.1:{stack.http}"}
+    env = {**os.environ, "PATH": path, "SCHEDULER_URL": f"http://127.0.0.1:{stack.http}",
+           "PYTHON": sys.executable}  # fmt: skip
     runs = []
     try:
         stack.wait_ready()
-        for source in SOURCES:
-            found = steps(session_blocks(source.read_text()))
+        for source in sources():
+            found = steps(session_blocks(source))
             text = stack.substituted(script(found))
             # The session activates the virtualenv `make run` made; here the
             # shim stands for it.
