@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# pytest's parallel workers (pytest-xdist); 0 runs the tests in this process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint typecheck docs browser promtool unit bench clean
 
@@ -33,7 +35,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 unit: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The console's tests run in the distribution's Chromium: install it where
 # this machine allows (root with apt-get); elsewhere those tests skip, saying why.

@@ -85,6 +85,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if needs_servers(item):
             item.add_marker(SERVERS)
+        if item.get_closest_marker("slow") is not None:
+            # Whole process trees, one after another on one worker (with
+            # pytest-xdist): two chaos runs at once on two cores would be
+            # each other's fault.
+            item.add_marker(pytest.mark.xdist_group("process-trees"))
 
 
 _running: list[pytest.Item] = []

@@ -81,6 +81,19 @@ async def test_server_assigns_ids_when_none_given(api: NodeHandle) -> None:
         (json.dumps(schedule(id="bad id")).encode(), 400, "id"),
         (json.dumps(schedule(headers={"attempt": "1"})).encode(), 400, "headers"),
     ],
+    # Named, not drawn from the bodies: one holds a time made at collection,
+    # and every worker of a parallel run must collect the same ids.
+    ids=[
+        "not-json",
+        "unknown-member",
+        "bad-topic",
+        "naive-time",
+        "past-horizon",
+        "payload-too-large",
+        "base64-payload-too-large",
+        "bad-id",
+        "reserved-header",
+    ],
 )
 async def test_bad_input_is_a_4xx_and_changes_nothing(
     api: NodeHandle, mongo: Any, raw: bytes, status: int, field: str | None
