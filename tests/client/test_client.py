@@ -1,6 +1,7 @@
 """The Python client (clients/python) against real nodes: a create's ETag,
 the surface a script uses (create, get, patch with the create's ETag, the
-verbs, a listing across pages, errors by code), the same awaited, a 503
+verbs, a listing across pages, errors by code), the same from a fresh
+virtualenv with only the client installed, the same awaited, a 503
 of a store cut from the node retried until the store is back, and the
 webhook verifier against the node's own signing and the standardwebhooks
 package."""
@@ -10,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,6 +131,40 @@ async def test_the_example_script_runs_against_a_node(start_node: NodeFactory) -
     assert process.returncode == 0, err.decode()
     assert out.decode().split("]", 1)[1].split() == ["6", "3", "PAUSED", "CANCELLED"]
     assert out.decode().startswith("[2, 2, 2]")
+
+
+async def test_pip_install_into_a_fresh_virtualenv_then_the_example_runs(
+    start_node: NodeFactory, tmp_path: Path
+) -> None:
+    """As a service team installs it: `pip install ./clients/python` into a
+    virtualenv of its own (httpx from the package index, nothing of the
+    scheduler's), then the example against a node, from outside the checkout."""
+    venv = tmp_path / "venv"
+    python = str(venv / "bin" / "python")
+    await run_checked(sys.executable, "-m", "venv", str(venv), cwd=tmp_path)
+    install = ("-m", "pip", "install", "--quiet", "--disable-pip-version-check")
+    await run_checked(python, *install, str(ROOT / "clients" / "python"), cwd=tmp_path)
+    where = "import bucket_scheduler_client as c; print(c.__file__)"
+    where = await run_checked(python, "-c", where, cwd=tmp_path)
+    assert where.startswith(str(venv))  # the installed copy, not the checkout's
+    installed = await run_checked(python, "-m", "pip", "list", "--format=freeze", cwd=tmp_path)
+    assert "bucket-scheduler-client" in installed and "aiohttp" not in installed
+    node = await start_node()
+    script = ROOT / "clients" / "python" / "examples" / "round_trip.py"
+    out = await run_checked(python, str(script), node.url, unique("fresh"), cwd=tmp_path)
+    assert out.startswith("[2, 2, 2]")
+    assert out.split("]", 1)[1].split() == ["6", "3", "PAUSED", "CANCELLED"]
+
+
+async def run_checked(*argv: str, cwd: Path) -> str:
+    """``argv``'s output; fails with its error output if it fails."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 600)  # a hang guard
+    assert process.returncode == 0, (argv, err.decode()[-3000:])
+    return out.decode()
 
 
 async def test_the_async_client_does_the_same(start_node: NodeFactory) -> None:
