@@ -149,6 +149,7 @@ class Node:
         self.leases = LeaseManager(
             self.lease_store,
             config.lease_ttl,
+            wall=lambda: self.clock.now().timestamp(),
             stalled_since=self.stalls.stalled_since,
             unfenced=unfenced,
         )

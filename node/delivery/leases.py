@@ -79,6 +79,7 @@ class LeaseManager:
         ttl: float,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
         stalled_since: Callable[[float], float] = lambda _since: 0.0,
         unfenced: bool = False,
     ) -> None:
@@ -86,6 +87,14 @@ class LeaseManager:
         self.node_id = store.node_id
         self.ttl = ttl
         self.monotonic = monotonic
+        # A second clock (seconds; the node's reading of the store's): a
+        # lease runs out by whichever of the two ran further since the last
+        # renew. The monotonic clock alone misses a freeze it does not
+        # count: a suspended VM's CLOCK_MONOTONIC stands still, and on
+        # resume the node would go on claiming under leases other owners
+        # took meanwhile (until its next renew, a third of a TTL later).
+        self.wall = wall
+        self._anchor: tuple[float, float] | None = None  # (monotonic, wall), read together
         # Seconds the process stood still since a monotonic time (node/stalls.py).
         self.stalled_since = stalled_since
         self.held: dict[int, Lease] = {}
@@ -129,10 +138,28 @@ class LeaseManager:
         elapsed = self.monotonic() - sent
         self._round_trips.append(max(0.0, elapsed - self.stalled_since(sent)))
 
+    def _sent(self) -> float:
+        """The monotonic time a renew or a session is sent at, with the wall
+        clock's reading noted beside it."""
+        sent = self.monotonic()
+        if self.wall is not None:
+            self._anchor = (sent, self.wall())
+        return sent
+
+    def _now(self) -> float:
+        """Now on the monotonic clock's scale, moved on to the wall clock's
+        where that ran further since the last renew (a freeze the monotonic
+        clock did not count). A wall clock stepped back moves nothing."""
+        now = self.monotonic()
+        if self.wall is None or self._anchor is None:
+            return now
+        sent, wall = self._anchor
+        return max(now, sent + (self.wall() - wall))
+
     def usable(self) -> dict[int, int]:
         """bucket -> token for every lease new work may start under: held,
         not about to be released, local deadline still ahead."""
-        now = self.monotonic()
+        now = self._now()
         return {
             b: lease.token
             for b, lease in self.held.items()
@@ -145,7 +172,7 @@ class LeaseManager:
 
     def is_usable(self, bucket: int, token: int) -> bool:
         lease = self.held.get(bucket)
-        return lease is not None and lease.token == token and self._current(lease, self.monotonic())
+        return lease is not None and lease.token == token and self._current(lease, self._now())
 
     def _current(self, lease: Lease, now: float) -> bool:
         return self.unfenced or lease.deadline > now
@@ -160,7 +187,7 @@ class LeaseManager:
         self._drop_expired()
         if not self.held:
             return []
-        sent, term = self.monotonic(), self.term
+        sent, term = self._sent(), self.term
         # This renew may take effect on the server even if we never hear
         # back, and a shorter term than the last one moves the server's
         # expiry earlier: the local deadline must not outlive it.
@@ -209,8 +236,9 @@ class LeaseManager:
         """The local deadline of this node's session, opening a new one when
         there is none or its deadline has passed (the old one may still be
         alive on the server; nothing is held under it here)."""
-        now = self.monotonic()
+        now = self._now()
         if self._session_deadline is None or self._session_deadline <= now:
+            now = self._sent()
             term = self.term
             await self.store.open_session(term, within=term)
             self._timed(now)
@@ -264,7 +292,7 @@ class LeaseManager:
         return chosen
 
     def _drop_expired(self) -> None:
-        now = self.monotonic()
+        now = self._now()
         for bucket in [b for b, lease in self.held.items() if not self._current(lease, now)]:
             self._lose(bucket, "local deadline passed")
 

@@ -225,6 +225,30 @@ async def test_local_deadline_stops_work_without_the_database(store: StoreKit) -
     assert not a.is_usable(0, token)
 
 
+async def test_a_freeze_the_monotonic_clock_missed_ends_the_leases_by_the_wall_clock(
+    store: StoreKit,
+) -> None:
+    # A suspended VM: its CLOCK_MONOTONIC stands still while the world's
+    # clock runs on; on resume its leases must be over, as the store's are
+    # (found by the simulation, python -m chaos simulate: a resumed owner
+    # claimed new work under a token another owner had superseded).
+    monotonic, wall = FakeClock(), FakeClock()
+    a = LeaseManager(store.leases("a"), 10.0, monotonic=monotonic, wall=wall)
+    await a.acquire([0, 1])
+    token = a.usable()[0]
+    wall.now += 10.0  # frozen for the whole term: the monotonic clock did not move
+    assert a.usable() == {} and not a.is_usable(0, token)
+    # A wall clock stepped back (an NTP correction) shortens nothing: the
+    # monotonic deadline still holds.
+    b = LeaseManager(store.leases("b"), 10.0, monotonic=monotonic, wall=wall)
+    await b.acquire([2])
+    wall.now -= 3600
+    monotonic.now += 10.0 - b.margin(10.0) - 0.01
+    assert set(b.usable()) == {2}
+    monotonic.now += 0.02
+    assert b.usable() == {}
+
+
 async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(store: StoreKit) -> None:
     old = manager(store, "a")
     await old.acquire([0])
