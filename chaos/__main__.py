@@ -1,4 +1,4 @@
-"""``python -m chaos list | run SCENARIO | rebalance | broker-check``."""
+"""``python -m chaos list | run SCENARIO | simulate | rebalance | broker-check``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 from chaos import brokercheck, rebalance, scenario
 from chaos.run import main as play_scenario
+from chaos.sim import cli as simulation
+from chaos.sim.mutants import MUTANTS
 from node.version import add_version_flag
 
 
@@ -38,6 +40,18 @@ def main() -> int:
         action="store_true",
         help="run the nodes without the fence (CHAOS_MODE=unfenced): the run should fail",
     )
+    sim = commands.add_parser(
+        "simulate", help="seeds of the whole cluster in one process, in virtual time"
+    )
+    which = sim.add_mutually_exclusive_group()
+    which.add_argument("--seeds", default=None, help="a range, 1-200 (the default), or one seed")
+    which.add_argument("--seed", type=int, default=None, help="replay one seed: its digest")
+    which.add_argument(
+        "--list-mutants", action="store_true", help="the protections --mutant can take out"
+    )
+    sim.add_argument("--minutes", type=float, default=10.0, help="of load, per seed (default 10)")
+    sim.add_argument("--mutant", default="", help="take one protection out (test-only)")
+    sim.add_argument("-v", "--verbose", action="store_true", help="a line for every seed")
     run = commands.add_parser("rebalance", help="join, kill -9 and leave under load")
     run.add_argument("--full", action="store_true", help="10,000 schedules over 60 s")
     run.add_argument("--schedules", type=int, default=None, help="override the count")
@@ -58,6 +72,13 @@ def main() -> int:
     if args.command == "broker-check":
         return brokercheck.main(
             args.producers, args.records, args.rounds, args.memory, args.kafka_bootstrap
+        )
+    if args.command == "simulate":
+        if args.mutant and args.mutant not in MUTANTS:
+            print(f"chaos: no mutant {args.mutant!r} (--list-mutants)", file=sys.stderr)
+            return 2
+        return simulation.main(
+            args.seeds, args.seed, args.minutes, args.mutant, args.list_mutants, args.verbose
         )
     if args.command == "list":
         for name, path in scenario.available().items():

@@ -10,7 +10,9 @@ RECOVERY_ALLOWANCE = 20.0
 SERVER_FAULTS = ("crash-store", "pause-broker", "crash-broker")
 # Faults of the broker: inside their windows a producer may resend a batch
 # the stalled broker had stored after all (``chaos.checker``: producer_retry).
-BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker")
+# (``lose-broker-acks``: the simulation's, ``chaos/sim/``; a real broker
+# loses an ack only by accident.)
+BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker", "lose-broker-acks")
 # Faults that stop the work of every node while they last: late deliveries
 # are intended for as long. Any other fault is one node's, or a split the
 # leases ride out: the others take its work within the recovery allowance,

@@ -1,0 +1,309 @@
+"""One simulated run: a seed draws the cluster (1-7 nodes), the load and
+the faults; the run plays them in virtual time; the chaos checker judges
+its history. The same seed gives the same history, byte for byte: its
+``digest`` says so.
+
+What a seed draws, in this order, from one ``random.Random(seed)``: the
+node count, then the fault timeline (``draw_faults``), then everything the
+load and the nodes draw as they run (each from its own generator seeded
+from the seed, so a change to one does not move the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chaos import history as ops
+from chaos.checker import FIGURES, INVARIANTS, check, passed
+from chaos.checker.lateness import late_outside_windows
+from chaos.history import NEMESIS, History, Topic
+from chaos.lab.harness import iso
+from chaos.settle import needs_views, settle
+from chaos.sim import loop
+from chaos.sim.broker import Broker
+from chaos.sim.cluster import Cluster, Settings, SimNode
+from chaos.sim.load import Load
+from chaos.sim.mutants import MUTANTS
+from node.schedule.model import Status, public_id
+
+MAX_NODES = 7
+LOAD_RATE = 5.0  # creates a second
+# After the load: every fault healed, then at most this long for what is
+# owed to go out, then this long more for late copies to show.
+DRAIN = 300.0
+LATE_COPIES = 10.0
+# Named as the real harness names its faults (``chaos/faults/kinds.py``)
+# where it has them, so the checker gives each the same window; the rest
+# are the simulation's own.
+FAULT_KINDS = (
+    "kill", "pause", "pause-frozen-clock", "cut-store", "slow-store", "lose-store-answers",
+    "cut-broker", "pause-broker", "lose-broker-acks", "isolate",
+)  # fmt: skip
+EVERY_NODE = ("slow-store", "pause-broker")
+# The sim's faults have no intended windows to judge lateness against.
+JUDGED = tuple(i for i in INVARIANTS if i is not late_outside_windows)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds into the run
+    kind: str
+    target: str  # a node, or "" for every node
+    lasts: float  # seconds
+
+
+@dataclass(frozen=True)
+class Outcome:
+    seed: int
+    nodes: int
+    simulated: float  # seconds of virtual time
+    result: Mapping[str, Any]
+    passed: bool
+    digest: str
+    faults: tuple[Fault, ...]
+
+    def violations(self) -> dict[str, Any]:
+        """Each failed invariant's count and first ids."""
+        return {
+            key: value
+            for key, value in self.result.items()
+            if isinstance(value, int) and value and f"{key}_ids" in self.result
+        }
+
+
+def draw_faults(rng: random.Random, names: list[str], duration: float) -> list[Fault]:
+    faults, at = [], rng.uniform(3.0, 15.0)
+    while at < duration:
+        kind = rng.choice(FAULT_KINDS)
+        target = "" if kind in EVERY_NODE else rng.choice(names)
+        faults.append(Fault(round(at, 3), kind, target, round(rng.uniform(1.0, 25.0), 3)))
+        at += rng.uniform(5.0, 40.0)
+    return faults
+
+
+def simulate(
+    seed: int, minutes: float = 10.0, *, mutant: str = "", settings: Settings | None = None
+) -> Outcome:
+    """Run seed ``seed`` for ``minutes`` of simulated load (with one
+    protection taken out: ``mutant``); its outcome."""
+    if mutant and mutant not in MUTANTS:
+        raise ValueError(f"no mutant {mutant!r}: one of {', '.join(MUTANTS)}")
+    settings = replace(settings or Settings(), mutant=mutant)
+    rng = random.Random(seed)
+    count = rng.randint(1, MAX_NODES)
+    names = [f"n{i}" for i in range(1, count + 1)]
+    duration = minutes * 60
+    faults = draw_faults(rng, names, duration)
+    # Node code that draws from the random module (jitter) draws the same.
+    random.seed(f"{seed}/module")
+    outcome = loop.run(_run(seed, names, faults, duration, settings))
+    return Outcome(seed, count, outcome[2], outcome[0], passed(outcome[0]), outcome[1],
+                   tuple(faults))  # fmt: skip
+
+
+async def _run(
+    seed: int, names: list[str], faults: list[Fault], duration: float, settings: Settings
+) -> tuple[dict[str, Any], str, float]:
+    broker = Broker()
+    cluster = Cluster(seed, settings, broker)
+    history = History(started=cluster.clock.wall().timestamp(), meta={"buckets": settings.buckets})
+    for name in names:
+        cluster.add(name).start()
+    gossip = asyncio.create_task(cluster.gossip_loop())
+    load = Load(cluster, history, random.Random(f"{seed}/load"), LOAD_RATE, duration)
+    nemesis = asyncio.create_task(_play(cluster, history, faults))
+    await load.run()
+    await nemesis
+    await _heal(cluster, history)
+    await _drain(cluster)
+    await asyncio.sleep(LATE_COPIES)
+    for node in cluster.nodes.values():
+        await node.crash()  # the run is over: its tasks end
+    gossip.cancel()
+    views = _views(cluster, needs_views(history))
+    settled = settle(history, views)
+    result = check(settled, Topic(tuple(broker.log)), JUDGED, figures=FIGURES)
+    result["stranded"] = _stranded(cluster)
+    digest = _digest(settled, broker)
+    return result, digest, cluster.clock.loop_time()
+
+
+async def _play(cluster: Cluster, history: History, faults: list[Fault]) -> None:
+    """Each fault at its time, undone when it has lasted; every fault ends
+    by the load's end at the latest (``_heal``)."""
+    pending: list[asyncio.Task[None]] = []
+    for fault in faults:
+        delay = fault.at - cluster.clock.loop_time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pending.append(asyncio.create_task(_one(cluster, history, fault)))
+    await asyncio.gather(*pending)
+
+
+async def _one(cluster: Cluster, history: History, fault: Fault) -> None:
+    node = cluster.nodes.get(fault.target)
+    label = f"{fault.kind} {fault.target}".strip()
+    _event(cluster, history, fault.kind, label, fault.target, fault.lasts)
+    undo = await _apply(cluster, node, fault)
+    if undo is None:
+        return
+    await asyncio.sleep(fault.lasts)
+    await undo()
+    _event(cluster, history, "heal", label, fault.target, 0.0)
+
+
+def _event(
+    cluster: Cluster, history: History, do: str, label: str, node: str, lasting: float
+) -> None:
+    """A nemesis event as the real player writes one (``chaos/faults/player.py``)."""
+    at = cluster.clock.wall().timestamp()
+    history.event(NEMESIS, do, at, at=round(at - history.started, 3), do=do, step=label,
+                  lasting=lasting, node=node or None)  # fmt: skip
+
+
+async def _apply(cluster: Cluster, node: SimNode | None, fault: Fault) -> Any:
+    """Start ``fault``; the coroutine function that ends it (None: nothing to end)."""
+    if fault.kind == "pause-broker":
+        cluster.broker.stall()
+        return _async(cluster.broker.resume)
+    if fault.kind == "slow-store":
+        return _latency(cluster, 2.0)
+    assert node is not None
+    if fault.kind == "kill":
+        return await _kill(node)
+    if fault.kind in ("pause", "pause-frozen-clock"):
+        if not node.alive or node.paused:
+            return None
+        node.frozen_clock = fault.kind == "pause-frozen-clock"
+        node.pause()
+        return _async(node.resume)
+    return _ONE_NODE[fault.kind](cluster, node)
+
+
+async def _kill(node: SimNode) -> Any:
+    if not node.alive:
+        return None
+    await node.crash()
+
+    async def restart() -> None:
+        if not node.alive:
+            node.start()
+
+    return restart
+
+
+def _cut_store(cluster: Cluster, node: SimNode) -> Any:
+    node.store_gate.cut = True
+    return _async(lambda: setattr(node.store_gate, "cut", False))
+
+
+def _lose_store_answers(cluster: Cluster, node: SimNode) -> Any:
+    node.store_gate.lose_answers = 0.3
+    return _async(lambda: setattr(node.store_gate, "lose_answers", 0.0))
+
+
+def _cut_broker(cluster: Cluster, node: SimNode) -> Any:
+    cluster.broker.cut.add(node.name)
+    return _async(lambda: cluster.broker.cut.discard(node.name))
+
+
+def _lose_broker_acks(cluster: Cluster, node: SimNode) -> Any:
+    cluster.broker.lost_acks[node.name] = 3
+    return _async(lambda: cluster.broker.lost_acks.pop(node.name, None))
+
+
+def _isolate(cluster: Cluster, node: SimNode) -> Any:
+    cluster.gossip.partition([node.name], [n for n in cluster.nodes if n != node.name])
+    return _async(cluster.gossip.heal)
+
+
+# The faults of one node that need no waiting to start.
+_ONE_NODE: dict[str, Callable[[Cluster, SimNode], Any]] = {
+    "cut-store": _cut_store,
+    "lose-store-answers": _lose_store_answers,
+    "cut-broker": _cut_broker,
+    "lose-broker-acks": _lose_broker_acks,
+    "isolate": _isolate,
+}
+
+
+def _latency(cluster: Cluster, seconds: float) -> Any:
+    """Every node's store calls take ``seconds`` longer, until undone."""
+    for node in cluster.nodes.values():
+        node.store_gate.latency = seconds
+
+    async def undo() -> None:
+        for node in cluster.nodes.values():
+            node.store_gate.latency = 0.0
+
+    return undo
+
+
+def _async(undo: Any) -> Any:
+    async def run() -> None:
+        undo()
+
+    return run
+
+
+async def _heal(cluster: Cluster, history: History) -> None:
+    """Every fault ends, every crashed node starts again."""
+    cluster.broker.resume()
+    cluster.broker.cut.clear()
+    cluster.broker.lost_acks.clear()
+    cluster.gossip.heal()
+    for node in cluster.nodes.values():
+        node.store_gate.cut, node.store_gate.latency, node.store_gate.lose_answers = False, 0, 0
+        node.resume()
+        if not node.alive:
+            node.start()
+    _event(cluster, history, "heal", "heal all", "", 0.0)
+
+
+async def _drain(cluster: Cluster) -> None:
+    """Until nothing due is left undelivered, DRAIN at most."""
+    waited = 0.0
+    while waited < DRAIN:
+        now = cluster.clock.wall()
+        owed = [
+            d
+            for d in cluster.documents.by_id.values()
+            if d["status"] in (Status.PENDING.value, Status.IN_FLIGHT.value) and d["dueAt"] <= now
+        ]
+        if not owed:
+            return
+        await asyncio.sleep(1.0)
+        waited += 1.0
+
+
+def _views(cluster: Cluster, ids: set[str]) -> dict[str, dict[str, Any]]:
+    """What a GET of each schedule would show, from the store itself."""
+    views = {}
+    for stored_id, doc in cluster.documents.by_id.items():
+        schedule_id = public_id(stored_id)
+        if schedule_id in ids:
+            views[schedule_id] = {"status": doc["status"], "executeAt": iso(doc["executeAt"])}
+    return views
+
+
+def _stranded(cluster: Cluster) -> int:
+    return sum(d["status"] == Status.IN_FLIGHT.value for d in cluster.documents.by_id.values())
+
+
+def _digest(history: History, broker: Broker) -> str:
+    """Of the whole history and what the broker got: equal for equal runs."""
+    hasher = hashlib.blake2b(digest_size=16)
+    for op in history:
+        hasher.update(json.dumps(op.as_dict(), sort_keys=True, default=str).encode())
+    for delivery in broker.log:
+        hasher.update(repr(delivery).encode())
+    return hasher.hexdigest()
+
+
+__all__ = ["Outcome", "ops", "simulate"]
