@@ -19,6 +19,7 @@ import errno
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -149,7 +150,10 @@ class Node:
         self.leases = LeaseManager(
             self.lease_store,
             config.lease_ttl,
-            wall=lambda: self.clock.now().timestamp(),
+            # The host's clock, not the estimate of the store's: that one
+            # runs on the monotonic clock between readings, and would stand
+            # still through the same freeze.
+            wall=time.time,
             stalled_since=self.stalls.stalled_since,
             unfenced=unfenced,
         )

@@ -87,9 +87,9 @@ class LeaseManager:
         self.node_id = store.node_id
         self.ttl = ttl
         self.monotonic = monotonic
-        # A second clock (seconds; the node's reading of the store's): a
-        # lease runs out by whichever of the two ran further since the last
-        # renew. The monotonic clock alone misses a freeze it does not
+        # A second clock (seconds; the host's wall clock, which a freeze
+        # does not stop): a lease runs out by whichever of the two ran
+        # further since the last renew. The monotonic clock alone misses a freeze it does not
         # count: a suspended VM's CLOCK_MONOTONIC stands still, and on
         # resume the node would go on claiming under leases other owners
         # took meanwhile (until its next renew, a third of a TTL later).
