@@ -100,6 +100,11 @@ class LeaseManager:
         self.held: dict[int, Lease] = {}
         # Held but withdrawn from new work: about to be released.
         self.suspended: set[int] = set()
+        # Buckets a take or a release may have left ours in the store without
+        # our knowing (its answer lost, or it failed): not held here, so never
+        # renewed, released or used, but no other node can take them while
+        # this node's session lives. Given back at the next round (``_settle``).
+        self.unsure: set[int] = set()
         self.losses = 0
         # Chaos testing only (CHAOS_MODE=unfenced): trust every lease taken
         # until it is released: no local deadline, no loss on a renew that
@@ -185,6 +190,7 @@ class LeaseManager:
         fencing tokens keep such a lease's writes out either way, this only
         stops the node asking."""
         self._drop_expired()
+        await self._settle()
         if not self.held:
             return []
         sent, term = self._sent(), self.term
@@ -255,6 +261,7 @@ class LeaseManager:
         local deadline is the session's.
         """
         self._drop_expired()
+        await self._settle()
         want = set(wanted) - set(self.held)
         if not want:
             return []
@@ -265,9 +272,13 @@ class LeaseManager:
         if not candidates:
             return []
         sent = self.monotonic()
-        await self.store.take(takeable, unseen, within=term)
-        self._timed(sent)
-        won = await self.store.ours(candidates, within=term)
+        try:
+            await self.store.take(takeable, unseen, within=term)
+            self._timed(sent)
+            won = await self.store.ours(candidates, within=term)
+        except BaseException:
+            self.unsure.update(candidates)  # some may be ours in the store now
+            raise
         gained = []
         for bucket, token in sorted(won.items()):
             self.held[bucket] = Lease(bucket, token, deadline)
@@ -287,9 +298,28 @@ class LeaseManager:
         for bucket in chosen:
             self.held.pop(bucket)
         self.suspended.difference_update(chosen)
-        await self.store.release(chosen, within=self.ttl)
+        try:
+            await self.store.release(chosen, within=self.ttl)
+        except BaseException:
+            self.unsure.update(chosen)  # still ours in the store, perhaps
+            raise
         log.info("leases released", buckets=len(chosen))
         return chosen
+
+    async def _settle(self) -> None:
+        """Give back, in the store, the buckets a lost take or release may
+        have left ours there (a release matches only our own leases; one
+        held here again since is left alone)."""
+        loose = sorted(self.unsure - set(self.held))
+        self.unsure.clear()
+        if not loose:
+            return
+        try:
+            await self.store.release(loose, within=self.ttl)
+        except BaseException:
+            self.unsure.update(loose)
+            raise
+        log.info("leases given back after an unknown outcome", buckets=len(loose))
 
     def _drop_expired(self) -> None:
         now = self._now()

@@ -20,6 +20,7 @@ from node.schedule.parse import parse_new_schedule
 from node.schedule.retry import DEFAULT_POLICY
 from node.store.contract import BucketLeases
 from node.store.leases import IDS_PER_STATEMENT, LeaseStore
+from node.store.memory import MemoryLeases
 from tests.conftest import NodeFactory, wait_until
 from tests.stores import StoreKit
 
@@ -247,6 +248,31 @@ async def test_a_freeze_the_monotonic_clock_missed_ends_the_leases_by_the_wall_c
     assert set(b.usable()) == {2}
     monotonic.now += 0.02
     assert b.usable() == {}
+
+
+async def test_a_take_or_release_whose_answer_was_lost_strands_no_bucket() -> None:
+    # A lease written for a node that never learnt it (a take's answer lost)
+    # or kept after a release that failed: not held there, so never renewed,
+    # used or released, yet no other node could take it while that node's
+    # session lived (found by the simulation: a bucket stranded for good
+    # after a hand-over under lost store answers).
+    leases = MemoryLeases("", lambda: datetime.now(UTC))
+    a_store, b_store = leases.of("a"), leases.of("b")
+    a, b = LeaseManager(a_store, 30.0), LeaseManager(b_store, 30.0)
+    a_store.fail("take", applied=True)
+    with pytest.raises(StoreUnavailable):
+        await a.acquire([0])
+    assert a.held == {} and leases.table[0]["owner"] == "a"
+    assert await b.acquire([0]) == []  # a's session lives: b cannot take it
+    await a.renew()  # a's next round gives back what it never knew it held
+    assert await b.acquire([0]) == [0]
+    assert await a.acquire([1]) == [1]
+    a_store.fail("release")  # fails before it reaches the store
+    with pytest.raises(StoreUnavailable):
+        await a.release([1])
+    assert a.held == {} and leases.table[1]["owner"] == "a"
+    await a.acquire([])  # or its next acquire
+    assert await b.acquire([1]) == [1]
 
 
 async def test_restarted_node_readopts_its_own_buckets_with_a_new_token(store: StoreKit) -> None:
