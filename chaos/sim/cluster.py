@@ -112,6 +112,8 @@ class SimNode:
         assert not self.alive
         self.generation += 1
         self.alive, self.paused = True, False
+        # A new process: its monotonic clock its own, whatever froze the last one's.
+        self.frozen_clock, self._paused_at, self._paused_for = False, None, 0.0
         self.store_gate.running.set()
         cluster = self.cluster
         settings = cluster.settings
