@@ -40,7 +40,6 @@ class Broker:
     offsets: list[int] = field(default_factory=lambda: [0] * PARTITIONS)
     cut: set[str] = field(default_factory=set)  # nodes it cannot be reached from
     lost_acks: dict[str, int] = field(default_factory=dict)  # node -> batches
-    senders: list[str] = field(default_factory=list)  # the node of each delivery in the log
     _running: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -55,7 +54,7 @@ class Broker:
     def producer(self, node: str, wall: Callable[[], datetime]) -> Producer:
         return Producer(self, node, wall)
 
-    def append(self, record: Record, at: datetime, node: str = "") -> None:
+    def append(self, record: Record, at: datetime) -> None:
         headers = {name: value.decode() for name, value in record.headers}
         unit = headers["schedule-id"]
         if unit in self.recurring:
@@ -63,7 +62,6 @@ class Broker:
         partition = zlib.crc32(record.key or unit.encode()) % PARTITIONS
         offset = self.offsets[partition]
         self.offsets[partition] += 1
-        self.senders.append(node)
         self.log.append(
             Delivery(
                 unit,
@@ -98,9 +96,9 @@ class Producer:
             return [down for _ in records]
         at = self.wall()
         for record in records:
-            self.broker.append(record, at, self.node)
+            self.broker.append(record, at)
         if self.broker.lost_acks.get(self.node, 0) > 0:
             self.broker.lost_acks[self.node] -= 1
             for record in records:  # the ack lost: the producer sends the batch again
-                self.broker.append(record, at, self.node)
+                self.broker.append(record, at)
         return [None for _ in records]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -235,7 +235,6 @@ class Cluster:
         self.clock = Clock(EPOCH_WALL)
         self.documents = Documents()
         self.leases = MemoryLeases("", self.clock.wall)
-        self.store = MemorySchedules(settings.buckets, self.clock.wall, documents=self.documents)
         self.broker = broker
         self.gossip = Simulator(settings.swim, seed=seed)
         self.nodes: dict[str, SimNode] = {}
@@ -277,7 +276,3 @@ class Cluster:
     def serving(self, rng: random.Random) -> SimNode | None:
         live = self.live()
         return rng.choice(live) if live else None
-
-
-def by_name(nodes: Mapping[str, SimNode]) -> Callable[[str], SimNode]:
-    return nodes.__getitem__

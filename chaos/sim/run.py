@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from chaos import history as ops
 from chaos.checker import FIGURES, INVARIANTS, check, passed
 from chaos.checker.lateness import late_outside_windows
 from chaos.history import NEMESIS, History, Topic
@@ -304,6 +303,3 @@ def _digest(history: History, broker: Broker) -> str:
     for delivery in broker.log:
         hasher.update(repr(delivery).encode())
     return hasher.hexdigest()
-
-
-__all__ = ["Outcome", "ops", "simulate"]

@@ -27,10 +27,8 @@ class Gate:
     cut: bool = False
     latency: float = 0.0  # seconds added to every call
     lose_answers: float = 0.0  # share of calls whose answer is lost after they applied
-    calls: int = 0
     # Cleared while the node is paused: its calls wait here, then go on.
     running: asyncio.Event = field(default_factory=asyncio.Event)
-    lost: list[str] = field(default_factory=list)  # the calls whose answer was lost
 
 
 class Gated:
@@ -41,15 +39,18 @@ class Gated:
         self._gate = gate
 
     def __getattr__(self, name: str) -> Any:
+        # Asked only for what this object lacks: the first use of a method
+        # makes its gated copy, kept for every later call.
         attribute = getattr(self._target, name)
         if not inspect.iscoroutinefunction(attribute):
             return attribute
-        return _gated(name, attribute, self._gate)
+        gated = _gated(name, attribute, self._gate)
+        setattr(self, name, gated)
+        return gated
 
 
 def _gated(name: str, method: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
     async def call(*args: Any, **kwargs: Any) -> Any:
-        gate.calls += 1
         await gate.running.wait()
         if gate.latency:
             await asyncio.sleep(gate.latency)
@@ -57,7 +58,6 @@ def _gated(name: str, method: Callable[..., Any], gate: Gate) -> Callable[..., A
             raise StoreUnavailable(f"simulated: {name} did not reach the store")
         result = await method(*args, **kwargs)
         if gate.lose_answers and gate.rng.random() < gate.lose_answers:
-            gate.lost.append(name)
             raise StoreUnavailable(f"simulated: the answer of {name} was lost")
         return result
 
