@@ -156,24 +156,29 @@ class MemoryChangeFeed:
         raise StoreUnavailable("the change feed broke")
 
     async def close(self) -> None:
-        self._documents.feeds.discard(self)
+        self._documents.feeds.pop(self, None)
 
 
 class Documents:
-    """The schedule documents, by id and by bucket (a bucket's reads touch
-    its own documents only, as an index range would): what a database holds,
-    which several stores (nodes, or views of one) may share; and the change
-    feeds open on it."""
+    """The schedule documents, by id, by bucket and by bucket and status (a
+    bucket's reads touch its own documents only, and a due read its PENDING
+    ones, as an index range would): what a database holds, which several
+    stores (nodes, or views of one) may share; and the change feeds open on
+    it."""
 
     def __init__(self) -> None:
         self.by_id: dict[str, Document] = {}
         self._by_bucket: dict[int, dict[str, Document]] = defaultdict(dict)
-        self.feeds: set[MemoryChangeFeed] = set()
+        self._by_status: dict[tuple[int, Any], dict[str, Document]] = defaultdict(dict)
+        # A dict as an ordered set: feeds are told in the order they opened,
+        # whatever their hashes (a simulation's replay depends on it).
+        self.feeds: dict[MemoryChangeFeed, None] = {}
 
     def put(self, doc: Document) -> None:
         kept = stored(doc)
         self.by_id[kept["_id"]] = kept
         self._by_bucket[int(kept["bucket"])][kept["_id"]] = kept
+        self._by_status[int(kept["bucket"]), kept.get("status")][kept["_id"]] = kept
         if kept.get("status") == Status.PENDING.value:
             self._tell(kept, inserted=True, due=aware(kept["dueAt"]))
 
@@ -191,9 +196,16 @@ class Documents:
         for feed in self.feeds:
             feed.told(change)
 
+    def restore(self, doc: Document) -> None:
+        """Put ``doc`` back as it was (a write undone: a store's crash lost it)."""
+        if doc["_id"] in self.by_id:
+            self.remove(doc["_id"])
+        self.put(doc)
+
     def remove(self, schedule_id: str) -> None:
         doc = self.by_id.pop(schedule_id)
         del self._by_bucket[int(doc["bucket"])][schedule_id]
+        del self._by_status[int(doc["bucket"]), doc.get("status")][schedule_id]
 
     def _candidates(self, query: Mapping[str, Any]) -> Iterable[Document]:
         """The documents a query can match at most, narrowed by its id or
@@ -203,12 +215,15 @@ class Documents:
             return [self.by_id[ids]] if ids in self.by_id else []
         if isinstance(ids, Mapping) and set(ids) == {"$in"}:
             return [self.by_id[i] for i in dict.fromkeys(ids["$in"]) if i in self.by_id]
-        bucket = query.get("bucket")
-        if isinstance(bucket, int):
-            return list(self._by_bucket[bucket].values())
-        if isinstance(bucket, Mapping) and set(bucket) == {"$in"}:
-            return [d for b in bucket["$in"] for d in self._by_bucket[b].values()]
-        return list(self.by_id.values())
+        buckets = _values_of(query.get("bucket"))
+        if buckets is None:
+            return list(self.by_id.values())
+        statuses = _values_of(query.get("status"))
+        if statuses is None:
+            return [d for b in buckets for d in self._by_bucket.get(b, {}).values()]
+        return [
+            d for b in buckets for s in statuses for d in self._by_status.get((b, s), {}).values()
+        ]
 
     def find(
         self,
@@ -241,11 +256,18 @@ class Documents:
             if matches(doc, query):
                 before = (doc.get("status"), doc.get("dueAt"))
                 apply(doc, update)
+                self._restatus(doc, before[0])
                 self._told_of_update(doc, *before)
                 written += 1
                 if not many:
                     break
         return written
+
+    def _restatus(self, doc: Document, status: Any) -> None:
+        if doc.get("status") != status:
+            bucket, schedule_id = int(doc["bucket"]), doc["_id"]
+            del self._by_status[bucket, status][schedule_id]
+            self._by_status[bucket, doc.get("status")][schedule_id] = doc
 
     def _told_of_update(self, doc: Document, status: Any, due_at: Any) -> None:
         if not self.feeds:
@@ -254,6 +276,15 @@ class Documents:
         if moved or (doc.get("status") == Status.PENDING.value != status):
             # As a change event: the due time only when the write set it.
             self._tell(doc, inserted=False, due=aware(doc["dueAt"]) if moved else None)
+
+
+def _values_of(condition: Any) -> Sequence[Any] | None:
+    """The values an equality or ``$in`` condition allows (None: any)."""
+    if isinstance(condition, (int, str)):
+        return (condition,)
+    if isinstance(condition, Mapping) and set(condition) == {"$in"}:
+        return list(dict.fromkeys(condition["$in"]))
+    return None
 
 
 class MemorySchedules(Faults):
@@ -472,7 +503,7 @@ class MemorySchedules(Faults):
     @_store_call
     async def watch_due(self, resume_after: Any = None) -> ChangeFeed:
         feed = MemoryChangeFeed(self.documents)
-        self.documents.feeds.add(feed)
+        self.documents.feeds[feed] = None
         return feed
 
     @_store_call
