@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from membership.codec import Codec
 from membership.config import SwimConfig
 from membership.messages import Alive, Event, EventKind, Outgoing, Packet, State
-from membership.state import Swim
+from membership.state import Meta, Swim
 
 # A paused process's socket buffer holds this many datagrams; the rest drop.
 PAUSED_BUFFER = 256
@@ -73,7 +73,7 @@ class Simulator:
 
     # -- building the cluster ------------------------------------------------------
 
-    def add_node(self, node_id: str, *, seeds: Iterable[str] = ()) -> SimNode:
+    def add_node(self, node_id: str, *, seeds: Iterable[str] = (), meta: Meta = ()) -> SimNode:
         address = f"{node_id}:7946"
         swim = Swim(
             node_id,
@@ -81,6 +81,7 @@ class Simulator:
             self.config,
             now=self.now,
             rng=random.Random(self.rng.random()),
+            meta=meta,
         )
         node = SimNode(node_id, address, swim)
         self.nodes[node_id] = node
@@ -90,6 +91,12 @@ class Simulator:
             swim.join(seed_addresses, self.now)
         self._flush(node)
         return node
+
+    def update_meta(self, node_id: str, meta: Meta) -> None:
+        """``node_id`` advertises new metadata (``Membership.update_meta``)."""
+        node = self.nodes[node_id]
+        node.swim.update_meta(meta, self.now)
+        self._flush(node)
 
     def bootstrap(self, count: int, prefix: str = "m") -> list[str]:
         """``count`` members that already know each other (a formed cluster):

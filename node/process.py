@@ -36,14 +36,14 @@ from membership.service import Membership
 from node import logs, telemetry
 from node.api.app import build_app
 from node.config import SETTINGS, NodeConfig
-from node.delivery.clock import READ_EVERY, StoreClock
+from node.delivery.clock import StoreClock
 from node.delivery.due_outlook import DueOutlook
 from node.delivery.hints import WakeHints, WakeRouter
 from node.delivery.history_writer import HistoryWriter
 from node.delivery.leases import LeaseManager
 from node.delivery.ownership import Ownership
 from node.delivery.poller import configured_poller
-from node.delivery.reachability import Reachability, Workers, advertised
+from node.delivery.server_watch import ServerWatch
 from node.delivery.sinks.http import HttpSink
 from node.delivery.sinks.kafka import KafkaPublisher
 from node.delivery.stalls import StallMeter
@@ -65,7 +65,7 @@ from node.tenants.quotas import PendingQuota
 from node.tenants.reads import TenantReads
 from node.tracing import OFF, Tracing
 from node.version import VERSION
-from ring import PLACEMENT_VERSION, parse_version
+from ring import PLACEMENT_VERSION
 
 log = structlog.get_logger(__name__)
 
@@ -176,23 +176,16 @@ class Node:
         # The store's clock decides what is due, whatever this host's says.
         self.clock = StoreClock(self.delivery_store.server_time)
         self.metrics.watch_clock(self.clock)
-        # Reading it is also the probe of whether this node reaches the store:
-        # without it for a lease's term, the node's leases have lapsed and it
-        # steps out of the placement (DESIGN.md: who can work holds the buckets).
-        self.store_health = Reachability(
-            cut_after=config.lease_ttl,
-            back_after=config.lease_ttl,
-            dead_after=config.unhealthy_after or float("inf"),
+        # Reading it is also the probe of whether this node reaches the store;
+        # the broker is asked too: who can work holds the buckets.
+        self.servers = ServerWatch(
+            self.clock,
+            lambda: self.publisher.reachable(),
+            lease_ttl=config.lease_ttl,
+            unhealthy_after=config.unhealthy_after,
+            broker_started=lambda: self.publisher.started,
         )
-        # The broker likewise, with the same hysteresis: a node cut from it
-        # would hold its buckets and publish nothing.
-        self.broker_health = Reachability(cut_after=config.lease_ttl, back_after=config.lease_ttl)
-        self._probe_every = min(READ_EVERY, config.lease_ttl / 3)
-        # Whom to place the buckets on. A cut counts once it has lasted two
-        # probe intervals while others could work: about the spread of the
-        # moments the nodes notice a server gone for all of them (each probes
-        # on its own phase, then gossips), so such an outage moves nothing.
-        self.workers = Workers(grace=2 * self._probe_every)
+        self.metrics.store_reachable.set_function(lambda: 1 if self.servers.store.answering else 0)
         self.publisher = KafkaPublisher(
             config.kafka_bootstrap,
             client_id=config.node_id,
@@ -402,43 +395,19 @@ class Node:
         return {
             "http": f"{self.config.advertise_host}:{self.http_port}",
             "placement": str(PLACEMENT_VERSION),
-            **advertised(store=self.store_health.placeable, broker=self.broker_health.placeable),
+            **self.servers.advertised(),
         }
 
     async def _watch_servers(self) -> None:
         """Read the store's clock and ask the broker for its brokers, every
-        few seconds; whether each answers tells its ``Reachability`` whether
-        this node reaches it. A change of heart is gossiped (the others place
-        without us, or again with us) and applied to our own view at once.
-        What the probes last found is also what /readyz says, so a readiness
-        probe costs the servers nothing."""
-        while True:
-            store_changed, broker_changed = await asyncio.gather(
-                self._probe_store(), self._probe_broker()
-            )
-            self.metrics.store_reachable.set(1 if self.store_health.answering else 0)
-            if store_changed or broker_changed:
-                self._placeability_changed()
-            elif self.workers.pending():
-                self.ownership.view_changed()  # a cut's grace may have run out
-            await asyncio.sleep(self._probe_every)
-
-    async def _probe_store(self) -> bool:
-        try:
-            await asyncio.wait_for(self.clock.read(), timeout=self._probe_every)
-        except (SchedulerError, TimeoutError):
-            return self.store_health.failed()
-        return self.store_health.succeeded()
-
-    async def _probe_broker(self) -> bool:
-        if not self.publisher.started:
-            return False  # still starting: start() waits for the broker itself
-        if await self.publisher.reachable():
-            return self.broker_health.succeeded()
-        return self.broker_health.failed()
+        few seconds (``server_watch.py``). A change of heart is gossiped (the
+        others place without us, or again with us) and applied to our own
+        view at once. What the probes last found is also what /readyz says,
+        so a readiness probe costs the servers nothing."""
+        await self.servers.run(self._placeability_changed, self.ownership.view_changed)
 
     def _placeability_changed(self) -> None:
-        store, broker = self.store_health.placeable, self.broker_health.placeable
+        store, broker = self.servers.store.placeable, self.servers.broker.placeable
         self.metrics.placeable.set(1 if store and broker else 0)
         if store and broker:
             log.warning("the store and the broker answer again: back in the placement")
@@ -448,8 +417,8 @@ class Node:
                 "the others take our buckets",
                 store_reachable=store,
                 broker_reachable=broker,
-                store_silent_s=round(self.store_health.unreachable_for, 1),
-                broker_silent_s=round(self.broker_health.unreachable_for, 1),
+                store_silent_s=round(self.servers.store.unreachable_for, 1),
+                broker_silent_s=round(self.servers.broker.unreachable_for, 1),
             )
         if self.membership is not None:
             self.membership.update_meta(self._meta())
@@ -458,7 +427,7 @@ class Node:
     def healthy(self) -> bool:
         """Liveness: false once the store has been out of reach for
         UNHEALTHY_AFTER (the orchestrator restarts the pod)."""
-        return self.store_health.healthy
+        return self.servers.store.healthy
 
     def block_gossip(self, addresses: list[str]) -> list[str]:
         """Chaos mode: send no gossip to these peers; returns the set in force."""
@@ -512,10 +481,7 @@ class Node:
         (reachability.Workers) -> the placement version each advertises.
         Asked by the placement only: Workers counts a cut's grace between
         its answers, and says when to ask again (``pending``)."""
-        alive = self._answered()
-        return {
-            member: parse_version(alive[member].get("placement")) for member in self.workers(alive)
-        }
+        return self.servers.placed(self._answered())
 
     def _http_address_of(self, member_id: str) -> str | None:
         """Where a member's HTTP API listens, as it advertises in gossip."""
@@ -657,8 +623,8 @@ class Node:
         return {
             "started": self.phase is Phase.RUNNING,
             "gossip": self.membership is not None and self.membership.swim is not None,
-            "store": self.store_health.answering,
-            "broker": self.publisher.started and self.broker_health.answering,
+            "store": self.servers.store.answering,
+            "broker": self.publisher.started and self.servers.broker.answering,
         }
 
 
