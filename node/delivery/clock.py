@@ -33,6 +33,11 @@ READ_EVERY = 5.0
 READINGS = 6
 # An offset from this host's clock worth a warning (seconds).
 WARN_OFFSET = 1.0
+# How far two readings may disagree beyond their round trips before the
+# earlier are dropped: a monotonic clock's drift against the store's (NTP
+# slews at most 500 ppm), plus the millisecond the store's times are cut to.
+DRIFT = 0.0005
+STEP = 0.002
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class StoreClock:
         self.monotonic = monotonic
         self.wall = wall
         self._readings: deque[Reading] = deque(maxlen=READINGS)
+        self._best_reading: Reading | None = None  # of those kept: changes only at a reading
 
     def now(self) -> datetime:
         """The store's time now (this host's, before the first reading),
@@ -83,7 +89,26 @@ class StoreClock:
         server = aware(await self.read_server_time())
         back = self.monotonic()
         trip = back - sent
-        self._readings.append(Reading(server, sent + trip / 2, trip))
+        reading = Reading(server, sent + trip / 2, trip)
+        best = self._best()
+        if best is not None and _disagree(best, reading):
+            # The monotonic clock did not keep time with the store's since
+            # the readings kept: it stood still (a VM frozen with its
+            # CLOCK_MONOTONIC, found by ``python -m chaos simulate``), or
+            # the store's clock was stepped. Every earlier reading is off
+            # by as much; kept, the fastest of them would hold this node's
+            # idea of now that far back (everything due delivered that late)
+            # until it aged out, READINGS readings later.
+            log.warning(
+                "the store's clock is not where the monotonic clock says: earlier readings dropped",
+                off_s=round(reading.server.timestamp() - _expected_at(best, reading.at), 3),
+            )
+            self._readings.clear()
+        self._readings.append(reading)
+        # The fastest round trip bounds the error best; a reading ages only
+        # by the drift of the monotonic clock, which is small (of equals,
+        # the newest: it has aged least).
+        self._best_reading = min(reversed(self._readings), key=lambda r: r.round_trip)
         if abs(self.offset) >= WARN_OFFSET:
             log.warning(
                 "this host's clock is off the store's: the store's decides what is due",
@@ -91,6 +116,18 @@ class StoreClock:
             )
 
     def _best(self) -> Reading | None:
-        # The fastest round trip bounds the error best; a reading ages only
-        # by the drift of the monotonic clock, which is small.
-        return min(self._readings, key=lambda r: r.round_trip, default=None)
+        return self._best_reading
+
+
+def _expected_at(reading: Reading, at: float) -> float:
+    """The store's time (epoch seconds) at monotonic ``at``, by ``reading``."""
+    return reading.server.timestamp() + (at - reading.at)
+
+
+def _disagree(kept: Reading, new: Reading) -> bool:
+    """Whether two readings cannot both be right: the new one's time is off
+    what the kept one says by more than both uncertainties allow (and the
+    drift of a monotonic clock, at most DRIFT of the time between)."""
+    off = abs(_expected_at(kept, new.at) - new.server.timestamp())
+    allowed = (kept.round_trip + new.round_trip) / 2 + DRIFT * abs(new.at - kept.at) + STEP
+    return off > allowed

@@ -60,6 +60,44 @@ async def test_the_fastest_reading_of_the_last_few_is_the_one_used() -> None:
     assert clock.now() == T0 + timedelta(seconds=v.mono)
 
 
+async def test_readings_from_before_a_frozen_monotonic_clock_are_dropped() -> None:
+    """Found by ``python -m chaos simulate`` (seed 60): a VM frozen with its
+    monotonic clock (22 s here) came back with readings that put the store's
+    time 22 s back; the fastest of them, older, outranked the new one for
+    six readings, and everything due was delivered that late."""
+    v = Virtual()
+    clock = StoreClock(v.server_time, monotonic=v.monotonic, wall=v.host_wall)
+    await clock.read()
+    await clock.read()
+    v.server_offset = 22.0  # the store's clock ran on; the monotonic one stood still
+    v.trip = 0.2  # the new reading is even the slower one
+    await clock.read()
+    assert clock.now() == T0 + timedelta(seconds=v.mono + 22.0)
+    assert clock.uncertainty == pytest.approx(0.1)
+
+
+async def test_readings_that_agree_within_their_round_trips_are_all_kept() -> None:
+    v = Virtual()
+    clock = StoreClock(v.server_time, monotonic=v.monotonic, wall=v.host_wall)
+    v.trip = 0.01
+    await clock.read()
+    v.mono += 5.0
+    v.trip, v.server_offset = 0.4, 0.19  # off by less than the two half round trips
+    await clock.read()
+    assert clock.uncertainty == pytest.approx(0.005)  # the fast reading still decides
+    assert clock.now() == T0 + timedelta(seconds=v.mono)
+
+
+async def test_of_equally_fast_readings_the_newest_is_used() -> None:
+    v = Virtual()
+    clock = StoreClock(v.server_time, monotonic=v.monotonic, wall=v.host_wall)
+    await clock.read()
+    v.mono += 5.0
+    v.server_offset = 0.001  # within what two readings may disagree by
+    await clock.read()
+    assert clock.now() == T0 + timedelta(seconds=v.mono + 0.001)
+
+
 async def test_a_node_whose_clock_runs_30_s_fast_delivers_nothing_early(
     start_node: NodeFactory, servers: EmbeddedServers, mongo: Any
 ) -> None:
