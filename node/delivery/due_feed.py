@@ -51,10 +51,12 @@ class DueFeed:
         watcher: Watcher,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.watcher = watcher
         self.sleep = sleep
+        self.monotonic = monotonic
         self.open = False
 
     async def run(self) -> None:
@@ -80,7 +82,7 @@ class DueFeed:
             if not (self.open and feed.resumed):
                 self.open = True
                 self.watcher.feed_opened()  # what came before it was not told
-            opened = time.monotonic()
+            opened = self.monotonic()
             try:
                 async for change in feed:
                     self.watcher.changed(change)
@@ -89,7 +91,7 @@ class DueFeed:
             finally:
                 token = feed.resume_token if feed.resume_token is not None else token
                 await feed.close()
-            if time.monotonic() - opened < wait:
+            if self.monotonic() - opened < wait:
                 await self.sleep(wait)  # it breaks as soon as it opens: not at once again
                 wait = min(2 * wait, REOPEN_AFTER_MAX)
             else:

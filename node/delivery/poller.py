@@ -190,7 +190,7 @@ class BucketPoller:
         self._flow_in_hand = False
         # Follow the store's change feed (WATCH_CHANGES): a bucket with
         # nothing due is then not read before its next due time.
-        self.feed = DueFeed(store, self) if watch_changes else None
+        self.feed = DueFeed(store, self, monotonic=monotonic) if watch_changes else None
         # Set when the first reads may go: the feed opened, or stopping.
         self._may_read = asyncio.Event()
         # Longer than any round can hold a claim (node/process.py derives it
