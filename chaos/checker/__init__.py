@@ -19,6 +19,7 @@ one history and merges their findings into the run's result, which
 * ``duplicates``: delivered more than once, each unit's repeat told apart
   by kind; only a repeat under one claim fails (``duplicates.py``);
 * ``late_outside_windows``, and the lateness figures (``lateness.py``);
+  the simulation judges ``late_past_windows`` too;
 * the tallies and ``offsets_reused``, which fail no run (``figures.py``).
 
 A recurring schedule is judged occurrence by occurrence: each is a unit of
@@ -55,7 +56,7 @@ from chaos.checker.invariants import (
     unexpected_occurrences,
     vanished,
 )
-from chaos.checker.lateness import late_outside_windows, lateness
+from chaos.checker.lateness import late_outside_windows, late_past_windows, lateness
 from chaos.checker.model import LATE_OUTSIDE_WINDOWS, Changes, Window
 from chaos.checker.units import SAME_TIME
 from chaos.checker.verbs import (
@@ -106,6 +107,7 @@ __all__ = [
     "Topic",
     "Window",
     "check",
+    "late_past_windows",
     "occurrence",
     "passed",
 ]
@@ -132,7 +134,8 @@ def passed(result: Mapping[str, Any]) -> bool:
     judged them, its floods of garbage gossip: ``garbage_failures``; where
     it read the store at the end, the schedules still IN_FLIGHT then:
     ``stranded``, held by no round and owed a delivery or a mark for good;
-    where it named the faults' intended windows, ``late_outside_windows``;
+    where it named the faults' intended windows, ``late_outside_windows``
+    (and, in the simulation, ``late_past_windows``);
     where its receiver checked the signatures, ``bad_signatures``).
     An invariant the check did not run has nothing to say."""
     return all(
@@ -151,6 +154,7 @@ def passed(result: Mapping[str, Any]) -> bool:
             "garbage_failures",
             "stranded",
             "late_outside_windows",
+            "late_past_windows",
             "wrong_destination",
             "delivery_failed",
             "bad_signatures",

@@ -9,7 +9,7 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from chaos.checker.finding import Finding
-from chaos.checker.model import LATE_OUTSIDE_WINDOWS, facts
+from chaos.checker.model import LATE_OUTSIDE_WINDOWS, Window, facts
 from chaos.checker.units import by_unit, delivered, due, owed
 from chaos.history import OCCURRENCE, History, Topic
 from chaos.lab.stats import percentile
@@ -120,6 +120,37 @@ def late_outside_windows(history: History, topic: Topic) -> Finding:
             )
         ),
     )
+
+
+def late_past_windows(history: History, topic: Topic) -> Finding:
+    """Late past its windows: a unit due inside faults' intended windows may
+    be late while they last, not for good. Its first copy comes no more than
+    LATE_OUTSIDE_WINDOWS after the end of the windows that hold its due time
+    (and of any window overlapping those, one after another: a fault that
+    strikes while the last one's work is still being handed over). Work
+    left to a safety net (a claim never put back, a mark a crash lost,
+    found by the sweep of stranded claims minutes later) fails it.
+    Judged by the simulation (``chaos/sim/``), whose windows are exact."""
+    faults = facts(history).faults
+    late = []
+    for delay in delays(history, topic):
+        end = _windows_end(faults.intended_for(delay.sink), delay.free)
+        if end is not None and delay.free + delay.late - delay.held > end + LATE_OUTSIDE_WINDOWS:
+            late.append(delay.unit)
+    return Finding("late_past_windows", tuple(sorted(late)))
+
+
+def _windows_end(windows: tuple[Window, ...], at: float) -> float | None:
+    """The end of the windows holding ``at`` and of those overlapping them
+    in turn (None: no window holds it)."""
+    holding = [w for w in windows if w.holds(at)]
+    if not holding:
+        return None
+    end = max(w.end for w in holding)
+    for window in sorted(windows, key=lambda w: w.start):
+        if window.start <= end:
+            end = max(end, window.end)
+    return end
 
 
 def summary(values: list[float]) -> dict[str, float | int]:

@@ -344,7 +344,9 @@ def faults(history: History) -> Faults:
         # fault: a unit due less than that before may still be in flight
         # when it hits (a round of the embedded store can take seconds)
         # without being that late yet, and then the fault is what makes it so.
-        cost = lasting if event["do"] in CLUSTER_FAULTS else 0.0
+        # (A fault of one node whose work no other can take while it lasts
+        # says so, ``unshared``: the simulation's, ``chaos/sim/run.py``.)
+        cost = lasting if event["do"] in CLUSTER_FAULTS or event.get("unshared") else 0.0
         intended.append(Window(label, at - LATE_OUTSIDE_WINDOWS, at + cost + RECOVERY_ALLOWANCE))
         if event["do"] in BROKER_FAULTS:
             broker.append(window)

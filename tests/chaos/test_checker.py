@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import INVARIANTS, check, passed
+from chaos.checker import INVARIANTS, check, late_past_windows, passed
 from chaos.checker.flow import most_allowed, over_flow_rate
 from chaos.history import HTTP, INFO, KAFKA, Delivery, History, Topic, occurrence
 from ring import bucket_for
@@ -556,6 +556,45 @@ def test_a_delivery_late_outside_every_intended_window_fails_the_run() -> None:
         cut("cut-broker"), topic(*(Delivery(u, 3, 1, at + 9.5) for u, at in accepted.items()))
     )
     assert fine["late_outside_windows"] == 0 and passed(fine)
+
+
+def test_a_fault_no_other_node_could_take_over_costs_its_whole_length() -> None:
+    """The simulation marks a fault of one node ``unshared`` when no other
+    could do its work (every node under a fault, or one its target rides
+    out holding its buckets): intended for its whole length, as a fault of
+    the servers is."""
+    accepted = {"late-in-fault": 1040.0}
+    late = topic(Delivery("late-in-fault", 3, 1, 1061.0))
+
+    def lost_answers(**fields: Any) -> History:
+        load = Load().created(accepted)
+        load.fault("lose-store-answers", 1000.0, 60.0, **fields)
+        return load.history
+
+    assert check(lost_answers(), late)["late_outside_windows_ids"] == ["late-in-fault"]
+    assert check(lost_answers(unshared=True), late)["late_outside_windows"] == 0
+
+
+def test_late_past_its_windows_is_judged_where_asked() -> None:
+    """Due inside a window, a unit may be late while the windows last, not
+    for good: a claim left to the sweep of stranded claims (minutes) fails
+    ``late_past_windows``, which the simulation judges (its windows are
+    exact); a window that overlaps the first extends it."""
+    load = Load().created({"in-window": 1005.0})
+    load.fault("cut-broker", 1000.0, 5.0)  # intended until 1025
+    load.fault("kill", 1030.0, 5.0)  # opens at 1020: overlaps, intended until 1050
+    judged = (*INVARIANTS, late_past_windows)
+
+    def delivered_at(at: float) -> dict[str, Any]:
+        return check(load.history, topic(Delivery("in-window", 3, 1, at)), judged)
+
+    assert delivered_at(1059.0)["late_past_windows"] == 0
+    swept = delivered_at(1125.0)
+    assert swept["late_past_windows_ids"] == ["in-window"] and not passed(swept)
+    assert swept["late_outside_windows"] == 0  # due inside a window: excused there
+    # Not one of the invariants every run is judged by.
+    unjudged = check(load.history, topic(Delivery("in-window", 3, 1, 1125.0)))
+    assert "late_past_windows" not in unjudged
 
 
 def test_a_chain_replaying_its_backlog_is_late_by_its_first_missed_occurrence_only() -> None:
