@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with only Python:
 #   make run   - set up the virtualenv and start the local 3-node cluster
-#   make test  - set up the virtualenv, lint, type-check, run the tests and build the manual
+#   make test  - set up the virtualenv, lint, type-check, run the tests and the
+#                simulation, and build the manual
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # pytest's parallel workers (pytest-xdist); 0 runs the tests in this process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test lint typecheck docs browser promtool unit bench clean
+.PHONY: run test lint typecheck docs browser promtool unit simulate bench clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,15 @@ docs: $(STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The deterministic simulation (docs/chaos.md): SIM_SEEDS seeds of the whole
+# cluster, each 10 simulated minutes under load and faults, must pass; then
+# every mutant must be caught within the same seeds. SIM_JOBS at once.
+SIM_SEEDS ?= 200
+SIM_JOBS  ?= 2
+simulate: $(STAMP)
+	$(PY) -m chaos simulate --seeds 1-$(SIM_SEEDS) --jobs $(SIM_JOBS)
+	$(PY) -m chaos simulate --seeds 1-$(SIM_SEEDS) --jobs $(SIM_JOBS) --all-mutants
 
 # The console's tests run in the distribution's Chromium: install it where
 # this machine allows (root with apt-get); elsewhere those tests skip, saying why.
@@ -67,7 +77,7 @@ promtool:
 	            || true; }; } \
 	  || echo "make: no promtool (needs root and apt-get): the alert rules' tests will skip"
 
-test: lint typecheck docs browser promtool unit
+test: lint typecheck docs browser promtool unit simulate
 	rm -rf .schemathesis
 
 bench: $(STAMP)

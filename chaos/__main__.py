@@ -50,8 +50,17 @@ def main() -> int:
         "--list-mutants", action="store_true", help="the protections --mutant can take out"
     )
     sim.add_argument("--minutes", type=float, default=10.0, help="of load, per seed (default 10)")
-    sim.add_argument("--mutant", default="", help="take one protection out (test-only)")
+    mutation = sim.add_mutually_exclusive_group()
+    mutation.add_argument("--mutant", default="", help="take one protection out (test-only)")
+    mutation.add_argument(
+        "--all-mutants",
+        action="store_true",
+        help="each mutant over the seeds until caught: the first seed that catches each",
+    )
     sim.add_argument("-v", "--verbose", action="store_true", help="a line for every seed")
+    sim.add_argument(
+        "--jobs", type=int, default=1, help="seeds run at once, each in its own process"
+    )
     run = commands.add_parser("rebalance", help="join, kill -9 and leave under load")
     run.add_argument("--full", action="store_true", help="10,000 schedules over 60 s")
     run.add_argument("--schedules", type=int, default=None, help="override the count")
@@ -78,7 +87,14 @@ def main() -> int:
             print(f"chaos: no mutant {args.mutant!r} (--list-mutants)", file=sys.stderr)
             return 2
         return simulation.main(
-            args.seeds, args.seed, args.minutes, args.mutant, args.list_mutants, args.verbose
+            args.seeds,
+            args.seed,
+            args.minutes,
+            args.mutant,
+            args.list_mutants,
+            args.verbose,
+            max(1, args.jobs),
+            args.all_mutants,
         )
     if args.command == "list":
         for name, path in scenario.available().items():

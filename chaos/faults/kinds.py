@@ -17,7 +17,7 @@ BROKER_FAULTS = ("pause-broker", "crash-broker", "cut-broker", "lose-broker-acks
 # are intended for as long. Any other fault is one node's, or a split the
 # leases ride out: the others take its work within the recovery allowance,
 # and a unit due after that must not be late (``late_outside_windows``).
-CLUSTER_FAULTS = (*SERVER_FAULTS, "split")
+CLUSTER_FAULTS = (*SERVER_FAULTS, "split", "slow-store")
 # The ends of faults the player notes (a heal, a resume, a reconnect) and a
 # node added: not faults, so no recovery allowance of their own.
 NOT_FAULTS = ("start", "resume", "heal", "reconnect", "receiver-up")

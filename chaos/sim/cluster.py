@@ -25,14 +25,17 @@ from typing import Any
 
 from chaos.sim import loop, mutants
 from chaos.sim.broker import Broker, Producer
-from chaos.sim.store import Gate, Gated
+from chaos.sim.store import Gate, Gated, Server
 from membership.config import SwimConfig
 from membership.messages import State
 from membership.simulator import Simulator
+from node.delivery.clock import StoreClock
 from node.delivery.leases import LeaseManager
 from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
+from node.delivery.server_watch import ServerWatch
+from node.errors import StoreUnavailable
 from node.metrics import NodeMetrics
 from node.schedule.retry import RetryPolicy
 from node.store.memory import Documents, MemoryLeases, MemorySchedules
@@ -59,6 +62,8 @@ class Settings:
         )
     )
     misfire_threshold: float = 60.0
+    # Follow the store's change feed (WATCH_CHANGES, on by default in a node).
+    watch_changes: bool = True
     swim: SwimConfig = field(default_factory=SwimConfig)
     # One protection taken out (``chaos/sim/mutants.py``); "" for none.
     mutant: str = ""
@@ -66,19 +71,25 @@ class Settings:
 
 class Clock:
     """The store's clock (UTC) from the loop's virtual time: what every
-    node's reading of the store's clock is, less its own skew."""
+    node's reading of the store's clock is, less its own skew. Made inside
+    the running loop, whose time it reads."""
 
     def __init__(self, start: datetime) -> None:
         self.start = start
+        self.loop = asyncio.get_running_loop()
+        self._last: tuple[float, datetime] = (-1.0, start)
 
     def loop_time(self) -> float:
         """Seconds since the simulation began."""
-        return asyncio.get_running_loop().time() - loop.EPOCH
+        return self.loop.time() - loop.EPOCH
 
     def wall(self) -> datetime:
-        # To the millisecond, as stored times are.
-        elapsed = round(self.loop_time() * 1000) / 1000
-        return self.start + timedelta(seconds=elapsed)
+        now = self.loop.time()
+        if now != self._last[0]:  # read often at one instant: made once
+            # To the millisecond, as stored times are.
+            elapsed = round((now - loop.EPOCH) * 1000) / 1000
+            self._last = (now, self.start + timedelta(seconds=elapsed))
+        return self._last[1]
 
 
 @dataclass
@@ -87,22 +98,33 @@ class SimNode:
     cluster: Cluster
     store_gate: Gate
     frozen_clock: bool = False  # a pause stops its monotonic clock too
+    skew: float = 0.0  # seconds its host's wall clock is off the store's
     alive: bool = False
     paused: bool = False
     generation: int = 0  # how many times it started
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _paused_for: float = 0.0  # seconds of pause its frozen clock left out
+    _paused_for: float = 0.0  # seconds of frozen pauses its clock left out
     _paused_at: float | None = None
     ownership: Ownership | None = None
     poller: BucketPoller | None = None
+    servers: ServerWatch | None = None
     store: Any = None  # the node's gated view of the schedules, once started
 
     def monotonic(self) -> float:
-        now = self.cluster.clock.loop_time()
-        if not self.frozen_clock:
+        """Its monotonic clock: the loop's time less every pause that
+        stopped it (a clock that ran through a pause leaves nothing out, and
+        none ever runs back)."""
+        # The loop's own time, not less its start: a wait the node computes
+        # from this clock then ends on it to the bit, not a float's step early.
+        now = self.cluster.clock.loop.time()
+        if not self._paused_for and (self._paused_at is None or not self.frozen_clock):
             return now
-        paused = self._paused_for + (now - self._paused_at if self._paused_at is not None else 0)
-        return now - paused
+        stopped = now - self._paused_at if self._paused_at is not None and self.frozen_clock else 0
+        return now - self._paused_for - stopped
+
+    def host_wall(self) -> datetime:
+        """Its host's wall clock: the store's, off by its skew."""
+        return self.cluster.clock.wall() + timedelta(seconds=self.skew)
 
     async def running(self) -> None:
         """Return at once unless paused: then when resumed."""
@@ -133,10 +155,15 @@ class SimNode:
             Gated(cluster.leases.of(self.name), self.store_gate),
             settings.lease_ttl,
             monotonic=self.monotonic,
-            wall=(lambda: cluster.clock.wall().timestamp()) if wall_guard else None,
+            # The host's clock, as the node's (``node/process.py``).
+            wall=(lambda: self.host_wall().timestamp()) if wall_guard else None,
             unfenced=unfenced,
         )
         publisher = Pausing(cluster.broker.producer(self.name, cluster.clock.wall), self)
+        clock = StoreClock(schedules.server_time, monotonic=self.monotonic, wall=self.host_wall)
+        # What is due, by the store's clock as the node estimates it (the
+        # mutant: by its host's clock).
+        wall = self.host_wall if settings.mutant == mutants.HOST_CLOCK else clock.now
         rng = random.Random(f"{cluster.seed}/{self.name}/{self.generation}")
         self.store = schedules  # the API's calls go the same way as the poller's
         self.poller = BucketPoller(
@@ -148,8 +175,9 @@ class SimNode:
             batch_size=settings.batch_size,
             poll_interval=settings.poll_interval,
             rules=Rules(settings.retry, timedelta(seconds=settings.misfire_threshold), rng),
-            wall=cluster.clock.wall,
+            wall=wall,
             monotonic=self.monotonic,
+            watch_changes=settings.watch_changes,
         )
         self.ownership = Ownership(
             self.name,
@@ -160,15 +188,52 @@ class SimNode:
             alive_members=lambda: cluster.alive_members(self.name),
             monotonic=self.monotonic,
         )
-        self._tasks = [
-            asyncio.create_task(self.ownership.run(), name=f"{self.name}-ownership"),
-            asyncio.create_task(self.poller.run(), name=f"{self.name}-poller"),
-        ]
+        self.servers = ServerWatch(
+            clock, publisher.reachable, lease_ttl=settings.lease_ttl, monotonic=self.monotonic
+        )
+        self._tasks = [self._task(self._run(clock), "start")]
         if self.name in cluster.gossip.nodes and cluster.gossip.nodes[self.name].crashed:
             cluster.gossip.nodes.pop(self.name)
         if self.name not in cluster.gossip.nodes:
             seeds = [n for n, node in cluster.gossip.nodes.items() if not node.crashed]
-            cluster.gossip.add_node(self.name, seeds=seeds[:3])
+            cluster.gossip.add_node(self.name, seeds=seeds[:3], meta=self.meta())
+        cluster._told(self.name)
+
+    async def _run(self, clock: StoreClock) -> None:
+        """As the node process starts: a reading of the store's clock first
+        (nothing is judged due by the host's), then the work."""
+        while True:
+            try:
+                await clock.read()
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(1.0)
+        assert self.ownership and self.poller and self.servers
+        self._tasks += [
+            self._task(self.ownership.run(), "ownership"),
+            self._task(self.poller.run(), "poller"),
+            self._task(self.servers.run(self._placeability_changed, self.view_changed), "servers"),
+        ]
+
+    def _task(self, work: Any, name: str) -> asyncio.Task[None]:
+        """A task of the node's, whose death of an error is the run's failure:
+        in the node process, a task that died would stop its work for good."""
+        task = asyncio.create_task(work, name=f"{self.name}-{name}")
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.cluster.died.append(f"{task.get_name()}: {task.exception()!r}")
+
+    def meta(self) -> tuple[tuple[str, str], ...]:
+        """Its gossip metadata, as the node's (``NodeProcess._meta``)."""
+        cut = self.servers.advertised() if self.servers else {}
+        return tuple(sorted({"placement": str(PLACEMENT_VERSION), **cut}.items()))
+
+    def _placeability_changed(self) -> None:
+        self.cluster.gossip.update_meta(self.name, self.meta())
+        self.view_changed()
 
     async def crash(self) -> None:
         """The process dies: its tasks end where they stand."""
@@ -176,26 +241,26 @@ class SimNode:
             return
         self.alive = False
         self.store_gate.running.set()  # what waited on a pause ends with the process
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        self._tasks = []
         self.cluster.gossip.crash(self.name)
 
     def pause(self) -> None:
         if self.alive and not self.paused:
             self.paused = True
             self.store_gate.running.clear()
-            self._paused_at = self.cluster.clock.loop_time()
+            self._paused_at = self.cluster.clock.loop.time()
             self.cluster.gossip.pause(self.name)
 
     def resume(self) -> None:
         if self.alive and self.paused:
             self.paused = False
-            if self._paused_at is not None:
-                self._paused_for += self.cluster.clock.loop_time() - self._paused_at
+            if self._paused_at is not None and self.frozen_clock:
+                self._paused_for += self.cluster.clock.loop.time() - self._paused_at
             self._paused_at = None
             self.store_gate.running.set()
             self.cluster.gossip.resume(self.name)
@@ -234,41 +299,54 @@ class Cluster:
         self.rng = random.Random(seed)
         self.clock = Clock(EPOCH_WALL)
         self.documents = Documents()
+        self.server = Server(self.documents)
+        if settings.mutant == mutants.UNJOURNALED_MARKS:
+            self.server.unjournaled |= {"complete"}
         self.leases = MemoryLeases("", self.clock.wall)
         self.broker = broker
         self.gossip = Simulator(settings.swim, seed=seed)
         self.nodes: dict[str, SimNode] = {}
-        self._views: dict[str, tuple[str, ...]] = {}
+        # The node tasks that ended with an error: each a bug.
+        self.died: list[str] = []
+        # Node -> how many of the faults of one node it is under now.
+        self.impaired: dict[str, int] = {}
+        # The nodes whose gossip told of a change since the last step (a
+        # dict as an ordered set: no hash order in a replay).
+        self._changed: dict[str, None] = {}
+        self.gossip.watch(lambda seen: self._told(seen.observer))
+
+    def _told(self, name: str) -> None:
+        self._changed[name] = None
 
     def add(self, name: str) -> SimNode:
-        gate = Gate(random.Random(f"{self.seed}/gate/{name}"))
+        gate = Gate(random.Random(f"{self.seed}/gate/{name}"), server=self.server)
         node = SimNode(name, self, gate)
         self.nodes[name] = node
+        self.impaired[name] = 0
         return node
 
     def alive_members(self, name: str) -> Mapping[str, int]:
-        gossip = self.gossip.nodes.get(name)
-        if gossip is None:
+        """The placement's input for node ``name``, as its process makes it
+        (``NodeProcess._alive_members``): the alive members that answered
+        its probes, less those its server watch leaves out."""
+        gossip, node = self.gossip.nodes.get(name), self.nodes[name]
+        if gossip is None or node.servers is None:
             return {name: PLACEMENT_VERSION}
-        return {
-            m.id: PLACEMENT_VERSION
-            for m in gossip.swim.view()
-            if m.state == State.ALIVE and m.answered
+        answered = {
+            m.id: dict(m.meta) for m in gossip.swim.view() if m.state == State.ALIVE and m.answered
         }
+        return node.servers.placed(answered)
 
     async def gossip_loop(self) -> None:
         """Bring the membership simulator to the loop's time, step by step,
-        and tell each node whose view changed."""
+        and tell each node whose gossip told of a change (as the node's
+        membership events do, ``NodeProcess._on_membership_event``)."""
         while True:
             await asyncio.sleep(GOSSIP_STEP)
             self.gossip.run_until(self.clock.loop_time())
-            for name, node in self.nodes.items():
-                if not node.alive:
-                    continue
-                view = tuple(sorted(self.alive_members(name)))
-                if self._views.get(name) != view:
-                    self._views[name] = view
-                    node.view_changed()
+            changed, self._changed = self._changed, {}
+            for name in changed:
+                self.nodes[name].view_changed()
 
     def live(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.alive and not n.paused]

@@ -19,20 +19,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from chaos.checker import FIGURES, INVARIANTS, check, passed
-from chaos.checker.lateness import late_outside_windows
+from chaos.checker import FIGURES, INVARIANTS, check, late_past_windows, passed
 from chaos.history import NEMESIS, History, Topic
 from chaos.lab.harness import iso
 from chaos.settle import needs_views, settle
-from chaos.sim import loop
+from chaos.sim import loop, mutants
 from chaos.sim.broker import Broker
 from chaos.sim.cluster import Cluster, Settings, SimNode
 from chaos.sim.load import Load
 from chaos.sim.mutants import MUTANTS
+from chaos.sim.store import REPLICATION_LAG
 from node.schedule.model import Status, public_id
 
 MAX_NODES = 7
+POLLING_SHARE = 0.25
 LOAD_RATE = 5.0  # creates a second
+# What the simulation judges: the chaos checker's invariants, and (its
+# windows being exact) that nothing is late past them.
+JUDGED = (*INVARIANTS, late_past_windows)
 # After the load: every fault healed, then at most this long for what is
 # owed to go out, then this long more for late copies to show.
 DRAIN = 300.0
@@ -42,11 +46,20 @@ LATE_COPIES = 10.0
 # are the simulation's own.
 FAULT_KINDS = (
     "kill", "pause", "pause-frozen-clock", "cut-store", "slow-store", "lose-store-answers",
-    "cut-broker", "pause-broker", "lose-broker-acks", "isolate",
+    "cut-broker", "pause-broker", "lose-broker-acks", "isolate", "skew-clock", "crash-store",
 )  # fmt: skip
-EVERY_NODE = ("slow-store", "pause-broker")
-# The sim's faults have no intended windows to judge lateness against.
-JUDGED = tuple(i for i in INVARIANTS if i is not late_outside_windows)
+# How long a fault lasts (seconds, drawn between), where not 1-25: a store
+# is down as long as a failover takes (its election, about as long as the
+# lag its secondaries had), which leases of a 6 s term outlive when short.
+LASTS = {"crash-store": (0.5, 8.0)}
+# How far a skewed host's clock is off the store's, at most (either way).
+MAX_SKEW = 60.0
+EVERY_NODE = ("slow-store", "pause-broker", "crash-store")
+# Faults a node rides out holding its buckets: its store calls fail at
+# random but not for a lease's term (so it stays in the placement, and its
+# leases stay its own), or its broker's acks are lost (it publishes again).
+# Its work is late by as long as they last: nobody else can do it.
+HELD = ("lose-store-answers", "lose-broker-acks")
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,7 @@ class Fault:
     kind: str
     target: str  # a node, or "" for every node
     lasts: float  # seconds
+    skew: float = 0.0  # skew-clock: seconds the host's clock steps by
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,9 @@ def draw_faults(rng: random.Random, names: list[str], duration: float) -> list[F
     while at < duration:
         kind = rng.choice(FAULT_KINDS)
         target = "" if kind in EVERY_NODE else rng.choice(names)
-        faults.append(Fault(round(at, 3), kind, target, round(rng.uniform(1.0, 25.0), 3)))
+        lasts = round(rng.uniform(*LASTS.get(kind, (1.0, 25.0))), 3)
+        skew = round(rng.uniform(-MAX_SKEW, MAX_SKEW), 3) if kind == "skew-clock" else 0.0
+        faults.append(Fault(round(at, 3), kind, target, lasts, skew))
         at += rng.uniform(5.0, 40.0)
     return faults
 
@@ -93,7 +109,10 @@ def simulate(
     protection taken out: ``mutant``); its outcome."""
     if mutant and mutant not in MUTANTS:
         raise ValueError(f"no mutant {mutant!r}: one of {', '.join(MUTANTS)}")
-    settings = replace(settings or Settings(), mutant=mutant)
+    # A quarter of the seeds poll every bucket, as a node does with
+    # WATCH_CHANGES=off or on a store without change streams.
+    watch = random.Random(f"{seed}/feed").random() >= POLLING_SHARE
+    settings = replace(settings or Settings(), mutant=mutant, watch_changes=watch)
     rng = random.Random(seed)
     count = rng.randint(1, MAX_NODES)
     names = [f"n{i}" for i in range(1, count + 1)]
@@ -101,9 +120,10 @@ def simulate(
     faults = draw_faults(rng, names, duration)
     # Node code that draws from the random module (jitter) draws the same.
     random.seed(f"{seed}/module")
-    outcome = loop.run(_run(seed, names, faults, duration, settings))
-    return Outcome(seed, count, outcome[2], outcome[0], passed(outcome[0]), outcome[1],
-                   tuple(faults))  # fmt: skip
+    with mutants.applied(mutant):
+        result, digest, simulated = loop.run(_run(seed, names, faults, duration, settings))
+    ok = passed(result) and not result["died"]
+    return Outcome(seed, count, simulated, result, ok, digest, tuple(faults))
 
 
 async def _run(
@@ -129,6 +149,7 @@ async def _run(
     settled = settle(history, views)
     result = check(settled, Topic(tuple(broker.log)), JUDGED, figures=FIGURES)
     result["stranded"] = _stranded(cluster)
+    result["died"], result["died_ids"] = len(cluster.died), cluster.died[:5]
     digest = _digest(settled, broker)
     return result, digest, cluster.clock.loop_time()
 
@@ -148,22 +169,41 @@ async def _play(cluster: Cluster, history: History, faults: list[Fault]) -> None
 async def _one(cluster: Cluster, history: History, fault: Fault) -> None:
     node = cluster.nodes.get(fault.target)
     label = f"{fault.kind} {fault.target}".strip()
-    _event(cluster, history, fault.kind, label, fault.target, fault.lasts)
-    undo = await _apply(cluster, node, fault)
-    if undo is None:
-        return
-    await asyncio.sleep(fault.lasts)
-    await undo()
-    _event(cluster, history, "heal", label, fault.target, 0.0)
+    if node is not None:
+        cluster.impaired[node.name] += 1
+    # A fault of one node whose work no other can take costs all of its
+    # length, as a fault of the servers does: when every node is under one,
+    # or when it is one the node rides out holding its buckets.
+    unshared = node is not None and (fault.kind in HELD or all(cluster.impaired.values()))
+    lasting = fault.lasts + (REPLICATION_LAG if fault.kind == "crash-store" else 0.0)
+    _event(cluster, history, fault.kind, label, fault.target, lasting, unshared=unshared)
+    try:
+        undo = await _apply(cluster, node, fault)
+        if undo is None:
+            return
+        await asyncio.sleep(fault.lasts)
+        await undo()
+        _event(cluster, history, "heal", label, fault.target, 0.0)
+    finally:
+        if node is not None:
+            cluster.impaired[node.name] -= 1
 
 
 def _event(
-    cluster: Cluster, history: History, do: str, label: str, node: str, lasting: float
+    cluster: Cluster,
+    history: History,
+    do: str,
+    label: str,
+    node: str,
+    lasting: float,
+    *,
+    unshared: bool = False,
 ) -> None:
     """A nemesis event as the real player writes one (``chaos/faults/player.py``)."""
     at = cluster.clock.wall().timestamp()
+    extra = {"unshared": True} if unshared else {}
     history.event(NEMESIS, do, at, at=round(at - history.started, 3), do=do, step=label,
-                  lasting=lasting, node=node or None)  # fmt: skip
+                  lasting=lasting, node=node or None, **extra)  # fmt: skip
 
 
 async def _apply(cluster: Cluster, node: SimNode | None, fault: Fault) -> Any:
@@ -173,6 +213,12 @@ async def _apply(cluster: Cluster, node: SimNode | None, fault: Fault) -> Any:
         return _async(cluster.broker.resume)
     if fault.kind == "slow-store":
         return _latency(cluster, 2.0)
+    if fault.kind == "crash-store":
+        # The secondaries fall behind, then the primary dies (``store.py``).
+        cluster.server.lag()
+        await asyncio.sleep(REPLICATION_LAG)
+        cluster.server.crash()
+        return _async(lambda: setattr(cluster.server, "down", False))
     assert node is not None
     if fault.kind == "kill":
         return await _kill(node)
@@ -182,6 +228,8 @@ async def _apply(cluster: Cluster, node: SimNode | None, fault: Fault) -> Any:
         node.frozen_clock = fault.kind == "pause-frozen-clock"
         node.pause()
         return _async(node.resume)
+    if fault.kind == "skew-clock":
+        return _skew_clock(cluster, node, fault)
     return _ONE_NODE[fault.kind](cluster, node)
 
 
@@ -215,6 +263,11 @@ def _cut_broker(cluster: Cluster, node: SimNode) -> Any:
 def _lose_broker_acks(cluster: Cluster, node: SimNode) -> Any:
     cluster.broker.lost_acks[node.name] = 3
     return _async(lambda: cluster.broker.lost_acks.pop(node.name, None))
+
+
+def _skew_clock(cluster: Cluster, node: SimNode, fault: Fault) -> Any:
+    node.skew = fault.skew
+    return _async(lambda: setattr(node, "skew", 0.0))
 
 
 def _isolate(cluster: Cluster, node: SimNode) -> Any:
@@ -253,12 +306,14 @@ def _async(undo: Any) -> Any:
 
 async def _heal(cluster: Cluster, history: History) -> None:
     """Every fault ends, every crashed node starts again."""
+    cluster.server.down = False
     cluster.broker.resume()
     cluster.broker.cut.clear()
     cluster.broker.lost_acks.clear()
     cluster.gossip.heal()
     for node in cluster.nodes.values():
         node.store_gate.cut, node.store_gate.latency, node.store_gate.lose_answers = False, 0, 0
+        node.skew = 0.0
         node.resume()
         if not node.alive:
             node.start()
