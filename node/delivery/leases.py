@@ -143,13 +143,22 @@ class LeaseManager:
         elapsed = self.monotonic() - sent
         self._round_trips.append(max(0.0, elapsed - self.stalled_since(sent)))
 
-    def _sent(self) -> float:
-        """The monotonic time a renew or a session is sent at, with the wall
-        clock's reading noted beside it."""
-        sent = self.monotonic()
-        if self.wall is not None:
-            self._anchor = (sent, self.wall())
-        return sent
+    def _sent(self) -> tuple[float, float | None]:
+        """The monotonic time a renew or a session is sent at, and the wall
+        clock's reading beside it: the anchor ``_now`` measures from once
+        the store has answered (``_anchored``)."""
+        return self.monotonic(), None if self.wall is None else self.wall()
+
+    def _anchored(self, sent: tuple[float, float | None]) -> None:
+        """The store answered what was sent at ``sent``: measure from it.
+        Only then: a call that failed proves nothing, and moving the anchor
+        to it would drop what the wall clock says of a freeze before it (a
+        node resumed from one while the store was down opened no session,
+        moved its anchor, and on its next try took leases under the session
+        it had before the freeze, ended in the store: two owners; found by
+        ``python -m chaos simulate``)."""
+        if sent[1] is not None:
+            self._anchor = (sent[0], sent[1])
 
     def _now(self) -> float:
         """Now on the monotonic clock's scale, moved on to the wall clock's
@@ -193,7 +202,8 @@ class LeaseManager:
         await self._settle()
         if not self.held:
             return []
-        sent, term = self._sent(), self.term
+        anchor, term = self._sent(), self.term
+        sent = anchor[0]
         # This renew may take effect on the server even if we never hear
         # back, and a shorter term than the last one moves the server's
         # expiry earlier: the local deadline must not outlive it.
@@ -206,6 +216,7 @@ class LeaseManager:
         held = dict(self.held)
         alive = await self.store.renew_session(term, within=term)
         self._timed(sent)
+        self._anchored(anchor)
         self._renews += 1
         if not alive and not self.unfenced:
             self._session_deadline = None
@@ -244,11 +255,11 @@ class LeaseManager:
         alive on the server; nothing is held under it here)."""
         now = self._now()
         if self._session_deadline is None or self._session_deadline <= now:
-            now = self._sent()
-            term = self.term
+            anchor, term = self._sent(), self.term
             await self.store.open_session(term, within=term)
-            self._timed(now)
-            self._session_deadline = self._deadline(now, term)
+            self._timed(anchor[0])
+            self._anchored(anchor)
+            self._session_deadline = self._deadline(anchor[0], term)
         return self._session_deadline
 
     async def acquire(self, wanted: Iterable[int]) -> list[int]:

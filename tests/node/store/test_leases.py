@@ -250,6 +250,27 @@ async def test_a_freeze_the_monotonic_clock_missed_ends_the_leases_by_the_wall_c
     assert b.usable() == {}
 
 
+async def test_a_freeze_is_not_forgotten_when_the_session_after_it_fails_to_open() -> None:
+    # Found by the simulation: a node resumed from a freeze its monotonic
+    # clock missed while the store was down. Its session could not be
+    # opened; that failed call moved the wall clock's anchor to itself, so
+    # the next try saw the old session as alive again and took leases under
+    # it, an ended session in the store: another node took them too.
+    monotonic, wall = FakeClock(), FakeClock()
+    kit = MemoryLeases("a", lambda: datetime.now(UTC))
+    a = LeaseManager(kit, 10.0, monotonic=monotonic, wall=wall)
+    await a.acquire([0])
+    wall.now += 16.0  # frozen: the monotonic clock did not move
+    kit.fail("open_session")
+    with pytest.raises(StoreUnavailable):
+        await a.acquire([1])
+    wall.now += 2.0
+    monotonic.now += 2.0
+    opened = kit.calls["open_session"]
+    await a.acquire([1])
+    assert kit.calls["open_session"] == opened + 1  # a new session, not the old one
+
+
 async def test_a_take_or_release_whose_answer_was_lost_strands_no_bucket() -> None:
     # A lease written for a node that never learnt it (a take's answer lost)
     # or kept after a release that failed: not held there, so never renewed,
