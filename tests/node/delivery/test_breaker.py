@@ -34,8 +34,9 @@ def probe_of(breaker: Breaker) -> Pass:
 
 def opened(clock: Clock) -> Breaker:
     breaker = Breaker(SETTINGS, clock)
-    for _ in range(SETTINGS.failures):
+    for _ in range(SETTINGS.failures - 1):
         assert breaker.failed(Pass()) is None
+    assert breaker.failed(Pass()) == SETTINGS.cooldown
     return breaker
 
 
@@ -45,7 +46,9 @@ def test_opens_after_the_failures_in_a_row() -> None:
     for _ in range(SETTINGS.failures - 1):
         assert breaker.failed(Pass()) is None
         assert breaker.admit() == Pass()
-    assert breaker.failed(Pass()) is None
+    # The failure that opens it is the host's outage: it spends no attempt
+    # (a lone schedule's last attempt, were the attempts as many).
+    assert breaker.failed(Pass()) == 5.0
     assert breaker.state is State.OPEN
     assert breaker.admit() == Blocked(5.0)
     clock.now += 2

@@ -32,6 +32,7 @@ from node.delivery.sink import Failed, Trouble
 from node.delivery.sinks.breaker import State
 from node.delivery.sinks.http import (
     BODY_READ,
+    REFUSED_WAIT,
     EgressResolver,
     HttpSink,
     address_refusal,
@@ -391,16 +392,23 @@ async def test_only_the_start_of_a_huge_body_is_read(
     assert BODY_READ < written < BIG_BODY
 
 
-async def test_a_closed_port_is_a_retry(make_sink: SinkFactory) -> None:
+async def test_a_refused_connection_waits_without_spending_an_attempt(
+    make_sink: SinkFactory,
+) -> None:
     # Bound and never listening: connections are refused, and no other
-    # process can take the port meanwhile.
+    # process can take the port meanwhile. Nothing was sent: the host's
+    # trouble, as an unreachable broker's is; its circuit still counts it.
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
         sink = await make_sink()
-        result = one(await sink.publish([call(f"http://127.0.0.1:{port}/")]))
-    assert result.trouble is Trouble.RETRY
-    assert result.error.startswith(f"could not connect to 127.0.0.1:{port}")
+        url = f"http://127.0.0.1:{port}/"
+        result = one(await sink.publish([call(url)]))
+        assert result.trouble is Trouble.DESTINATION and result.wait == REFUSED_WAIT
+        assert result.error.startswith(f"could not connect to 127.0.0.1:{port}")
+        for _ in range(4):  # five in a row: the circuit opens
+            await sink.publish([call(url)])
+        assert sink.circuit_open(url)
 
 
 # -- TLS ---------------------------------------------------------------------------
@@ -471,7 +479,10 @@ async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     failing = call(receiver.url("/status/500"))
     host = f"127.0.0.1:{receiver.port}"
     results = await sink.publish([failing] * 3)
-    assert [r.trouble if r else None for r in results] == [Trouble.RETRY] * 3
+    # The third failure (whichever call answered last) opens the circuit:
+    # the host's outage, no attempt spent.
+    troubles = sorted((r.trouble.value, r.wait) for r in results if r is not None)
+    assert troubles == [("destination", 5.0), ("retry", None), ("retry", None)]
     assert sink.breakers.state(host) is State.OPEN
 
     # Open: not sent, the destination's trouble, with the time to the probe.
@@ -497,9 +508,9 @@ async def test_after_the_failures_a_host_is_not_called_until_its_probe(
     assert one(await sink.publish([failing])).trouble is Trouble.RETRY
 
     counts = metric_samples(metrics, "scheduler_http_target_requests_total")
-    assert counts[(host, "retry")] == 4
+    assert counts[(host, "retry")] == 3
     assert counts[(host, "circuit_open")] == 2
-    assert counts[(host, "waited")] == 1
+    assert counts[(host, "waited")] == 2
     assert counts[(host, "delivered")] == 1
     assert metric_samples(metrics, "scheduler_http_target_circuit_open") == {(host,): 0}
 
