@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 from chaos.sim import loop, mutants
 from chaos.sim.broker import Broker, Producer
+from chaos.sim.receiver import Receiver, Session
 from chaos.sim.store import Gate, Gated, Server
 from membership.config import SwimConfig
 from membership.messages import State
@@ -35,14 +37,18 @@ from node.delivery.outcomes import Rules
 from node.delivery.ownership import Ownership
 from node.delivery.poller import BucketPoller
 from node.delivery.server_watch import ServerWatch
+from node.delivery.sinks.http import HttpSink
 from node.errors import StoreUnavailable
 from node.metrics import NodeMetrics
+from node.schedule.egress import EgressPolicy
 from node.schedule.retry import RetryPolicy
 from node.store.memory import Documents, MemoryLeases, MemorySchedules
 from ring import PLACEMENT_VERSION
 
 # How often the membership simulator is brought up to the loop's time.
 GOSSIP_STEP = 0.05
+# Every tenant's signing key (the receiver checks no signature).
+SIGNING_KEY = b"simulated signing key, 32 bytes"
 # The store's clock when a simulation begins: any fixed time.
 EPOCH_WALL = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -103,6 +109,8 @@ class SimNode:
     paused: bool = False
     generation: int = 0  # how many times it started
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    freeze: loop.Freeze = field(default_factory=loop.Freeze)
+    _context: contextvars.Context = field(default_factory=contextvars.copy_context)
     _paused_for: float = 0.0  # seconds of frozen pauses its clock left out
     _paused_at: float | None = None
     ownership: Ownership | None = None
@@ -134,6 +142,10 @@ class SimNode:
         assert not self.alive
         self.generation += 1
         self.alive, self.paused = True, False
+        # Its tasks, and theirs, run in a context that names its freeze.
+        self.freeze = loop.Freeze()
+        self._context = contextvars.copy_context()
+        self._context.run(loop.FREEZE.set, self.freeze)
         # A new process: its monotonic clock its own, whatever froze the last one's.
         self.frozen_clock, self._paused_at, self._paused_for = False, None, 0.0
         self.store_gate.running.set()
@@ -164,6 +176,13 @@ class SimNode:
         # What is due, by the store's clock as the node estimates it (the
         # mutant: by its host's clock).
         wall = self.host_wall if settings.mutant == mutants.HOST_CLOCK else clock.now
+        http = HttpSink(
+            EgressPolicy(),
+            _signing_keys,
+            clock=clock.now,
+            monotonic=self.monotonic,
+            sessions=lambda: Session(cluster.receiver, self.running),  # type: ignore[arg-type,return-value]
+        )
         rng = random.Random(f"{cluster.seed}/{self.name}/{self.generation}")
         self.store = schedules  # the API's calls go the same way as the poller's
         self.poller = BucketPoller(
@@ -178,6 +197,8 @@ class SimNode:
             wall=wall,
             monotonic=self.monotonic,
             watch_changes=settings.watch_changes,
+            http=http,
+            circuit_open=http.circuit_open,
         )
         self.ownership = Ownership(
             self.name,
@@ -191,7 +212,7 @@ class SimNode:
         self.servers = ServerWatch(
             clock, publisher.reachable, lease_ttl=settings.lease_ttl, monotonic=self.monotonic
         )
-        self._tasks = [self._task(self._run(clock), "start")]
+        self._tasks = [self._task(self._run(clock, http), "start")]
         if self.name in cluster.gossip.nodes and cluster.gossip.nodes[self.name].crashed:
             cluster.gossip.nodes.pop(self.name)
         if self.name not in cluster.gossip.nodes:
@@ -199,9 +220,10 @@ class SimNode:
             cluster.gossip.add_node(self.name, seeds=seeds[:3], meta=self.meta())
         cluster._told(self.name)
 
-    async def _run(self, clock: StoreClock) -> None:
+    async def _run(self, clock: StoreClock, http: HttpSink) -> None:
         """As the node process starts: a reading of the store's clock first
         (nothing is judged due by the host's), then the work."""
+        await http.start()
         while True:
             try:
                 await clock.read()
@@ -218,7 +240,7 @@ class SimNode:
     def _task(self, work: Any, name: str) -> asyncio.Task[None]:
         """A task of the node's, whose death of an error is the run's failure:
         in the node process, a task that died would stop its work for good."""
-        task = asyncio.create_task(work, name=f"{self.name}-{name}")
+        task = asyncio.create_task(work, name=f"{self.name}-{name}", context=self._context)
         task.add_done_callback(self._ended)
         return task
 
@@ -241,6 +263,7 @@ class SimNode:
             return
         self.alive = False
         self.store_gate.running.set()  # what waited on a pause ends with the process
+        self.freeze.thaw()  # so that its tasks can end
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -252,6 +275,7 @@ class SimNode:
     def pause(self) -> None:
         if self.alive and not self.paused:
             self.paused = True
+            self.freeze.frozen = True
             self.store_gate.running.clear()
             self._paused_at = self.cluster.clock.loop.time()
             self.cluster.gossip.pause(self.name)
@@ -262,12 +286,17 @@ class SimNode:
             if self._paused_at is not None and self.frozen_clock:
                 self._paused_for += self.cluster.clock.loop.time() - self._paused_at
             self._paused_at = None
+            self.freeze.thaw()
             self.store_gate.running.set()
             self.cluster.gossip.resume(self.name)
 
     def view_changed(self) -> None:
         if self.alive and self.ownership is not None:
             self.ownership.view_changed()
+
+
+async def _signing_keys(tenant: str) -> list[bytes]:
+    return [SIGNING_KEY]
 
 
 @dataclass
@@ -304,6 +333,7 @@ class Cluster:
             self.server.unjournaled |= {"complete"}
         self.leases = MemoryLeases("", self.clock.wall)
         self.broker = broker
+        self.receiver = Receiver(broker, self.clock.wall, random.Random(f"{seed}/receiver"))
         self.gossip = Simulator(settings.swim, seed=seed)
         self.nodes: dict[str, SimNode] = {}
         # The node tasks that ended with an error: each a bug.

@@ -4,7 +4,8 @@ API would make of the same requests: ``parse_new_schedule``, the verbs of
 ``node/schedule/changes.py``), each written into the run's history as the
 real load writes it (``chaos/load.py``), so the same checker reads both.
 
-A create goes to a node picked at random among those running, up to
+A create (to the topic, or for HTTP_SHARE to the receiver) goes to a
+node picked at random among those running, up to
 CREATE_TRIES times while the store does not answer (the same id: a retry
 of an insert that applied is the same schedule). Then, drawn by their
 shares, through another pick: a cancel before it is due, a cancel after
@@ -24,8 +25,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chaos import history as ops
-from chaos.history import KAFKA, History
+from chaos.history import HTTP, KAFKA, History
 from chaos.lab.harness import iso
+from chaos.sim import receiver
 from chaos.sim.cluster import Cluster, SimNode
 from node.errors import SchedulerError, StoreUnavailable
 from node.schedule import changes
@@ -47,6 +49,15 @@ GROUPS = 8
 CHAINS = 4  # recurring schedules, each every CHAIN_EVERY seconds over the load
 CHAIN_EVERY = 5.0
 TOPIC = "sim"
+HTTP_SHARE = 0.3  # of the one-shot schedules, those to the receiver
+HTTP_TIMEOUT = "PT5S"  # each call's
+# A webhook's own retry policy, as a service calling an endpoint of its
+# own would set one (docs/api.md): the node's default (5 attempts, backoff
+# from 1 s) lasts about 15 s of failures, and a lone schedule, whose calls
+# alone cannot open its node's circuit to the host before they run out
+# (five failures), ends DELIVERY_FAILED in two hangs of the receiver 7 s
+# apart (found by the simulation, seeds 26 and 163: docs/chaos.md).
+HTTP_RETRY = {"maxAttempts": 10, "initialBackoff": "PT1S", "maxBackoff": "PT30S"}
 Decide = Callable[[dict[str, Any], datetime], Change | None]
 
 
@@ -66,12 +77,15 @@ class Load:
         return self.now().timestamp()
 
     async def run(self) -> None:
+        """The load for its whole duration (the chains run to its end)."""
+        ends = self.cluster.clock.loop_time() + self.duration
         self.tasks = [asyncio.create_task(self._chain(n)) for n in range(CHAINS)]
         count = int(self.rate * self.duration)
         for i in range(count):
             await asyncio.sleep(self.rng.expovariate(self.rate))
             self.tasks.append(asyncio.create_task(self._schedule(i)))
         await asyncio.gather(*self.tasks)
+        await asyncio.sleep(max(0.0, ends - self.cluster.clock.loop_time()))
 
     async def _chain(self, n: int) -> None:
         """A recurring schedule every CHAIN_EVERY s over the load, missed
@@ -99,11 +113,14 @@ class Load:
         lead = 0.0 if self.rng.random() < 0.05 else round(self.rng.uniform(1.0, 4.0), 3)
         execute_at = self.now() + timedelta(seconds=lead)  # at the millisecond, as stored
         schedule_id, group = f"s{i}", f"g{self.rng.randrange(GROUPS)}"
-        body = {"id": schedule_id, "topic": TOPIC, "executeAt": iso(execute_at), "payload": i,
+        http = self.rng.random() < HTTP_SHARE
+        call = {"url": receiver.URL, "timeout": HTTP_TIMEOUT}
+        target: dict[str, Any] = {"http": call, "retry": HTTP_RETRY} if http else {"topic": TOPIC}
+        body = {"id": schedule_id, **target, "executeAt": iso(execute_at), "payload": i,
                 "labels": {"group": group}}  # fmt: skip
         invoked = self.history.invoke(
             schedule_id, ops.CREATE, self.at(), schedule_id,
-            executeAt=execute_at.timestamp(), group=group, sink=KAFKA,
+            executeAt=execute_at.timestamp(), group=group, sink=HTTP if http else KAFKA,
         )  # fmt: skip
         stored = await self._create(json.dumps(body).encode())
         if isinstance(stored, str):

@@ -18,9 +18,10 @@ read: nothing here runs in another thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import selectors
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Where the clock starts (seconds): any fixed value; not zero, so that a
@@ -87,8 +88,43 @@ def _fd(fileobj: Any) -> int:
     return fileobj if isinstance(fileobj, int) else int(fileobj.fileno())
 
 
+class Freeze:
+    """One simulated process's switch: frozen, nothing of it runs (as under
+    SIGSTOP, or a suspended VM) until it is thawed. Its tasks run in a
+    context that names it (``FREEZE``), and so do theirs; every callback
+    the loop would run in that context while it is frozen is held, and
+    run, in order, when it thaws."""
+
+    def __init__(self) -> None:
+        self.frozen = False
+        self._held: list[tuple[Callable[..., Any], tuple[Any, ...], contextvars.Context]] = []
+
+    def thaw(self) -> None:
+        self.frozen = False
+        held, self._held = self._held, []
+        loop = asyncio.get_running_loop()
+        for callback, args, context in held:
+            loop.call_soon(callback, *args, context=context)
+
+    def hold(
+        self, callback: Callable[..., Any], context: contextvars.Context
+    ) -> Callable[..., Any]:
+        def gated(*args: Any) -> None:
+            if self.frozen:
+                self._held.append((callback, args, context))
+            else:
+                callback(*args)
+
+        return gated
+
+
+# The process the running code belongs to (None: the simulation's own).
+FREEZE: contextvars.ContextVar[Freeze | None] = contextvars.ContextVar("freeze", default=None)
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
-    """``asyncio.SelectorEventLoop`` whose ``time()`` is virtual."""
+    """``asyncio.SelectorEventLoop`` whose ``time()`` is virtual, and which
+    holds the callbacks of a frozen process (``Freeze``)."""
 
     def __init__(self) -> None:
         self._virtual = _VirtualSelector()
@@ -102,6 +138,25 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual.now
+
+    # (typeshed types the callback's arguments with a TypeVarTuple; these
+    # pass them through as they are.)
+    def call_soon(  # type: ignore[override]
+        self, callback: Any, *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        return super().call_soon(self._gated(callback, context), *args, context=context)
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Any, *args: Any, context: Any = None
+    ) -> Any:
+        return super().call_at(when, self._gated(callback, context), *args, context=context)
+
+    @staticmethod
+    def _gated(callback: Any, context: contextvars.Context | None) -> Any:
+        freeze = FREEZE.get() if context is None else context.get(FREEZE)
+        if freeze is None:
+            return callback
+        return freeze.hold(callback, context if context is not None else contextvars.copy_context())
 
     def elapsed(self) -> float:
         """Virtual seconds since the loop began."""

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chaos.checker import FIGURES, INVARIANTS, check, late_past_windows, passed
-from chaos.history import NEMESIS, History, Topic
+from chaos.history import DELIVERY_FAILED, NEMESIS, OBSERVER, History, Topic
 from chaos.lab.harness import iso
 from chaos.settle import needs_views, settle
-from chaos.sim import loop, mutants
+from chaos.sim import loop, mutants, receiver
 from chaos.sim.broker import Broker
 from chaos.sim.cluster import Cluster, Settings, SimNode
 from chaos.sim.load import Load
@@ -33,7 +33,7 @@ from node.schedule.model import Status, public_id
 
 MAX_NODES = 7
 POLLING_SHARE = 0.25
-LOAD_RATE = 5.0  # creates a second
+LOAD_RATE = 2.5  # creates a second
 # What the simulation judges: the chaos checker's invariants, and (its
 # windows being exact) that nothing is late past them.
 JUDGED = (*INVARIANTS, late_past_windows)
@@ -47,14 +47,23 @@ LATE_COPIES = 10.0
 FAULT_KINDS = (
     "kill", "pause", "pause-frozen-clock", "cut-store", "slow-store", "lose-store-answers",
     "cut-broker", "pause-broker", "lose-broker-acks", "isolate", "skew-clock", "crash-store",
+    receiver.DOWN, receiver.UNAVAILABLE, receiver.SLOW,
 )  # fmt: skip
+# The faults whose end brings their node back into the placement, so that
+# the buckets move back to it: the simulation notes that as a fault of its
+# own, REJOIN, intended as long as a fault's hand-over (the real runs' node
+# starts are not faults: their joins come one at a time, on settled views;
+# here one comes while the views are still settling from the last fault,
+# a partition's end taking up to a push-pull interval).
+REJOIN = "rejoin"
+REJOINS = ("kill", "pause", "pause-frozen-clock", "isolate", "cut-store", "cut-broker")
 # How long a fault lasts (seconds, drawn between), where not 1-25: a store
 # is down as long as a failover takes (its election, about as long as the
 # lag its secondaries had), which leases of a 6 s term outlive when short.
 LASTS = {"crash-store": (0.5, 8.0)}
 # How far a skewed host's clock is off the store's, at most (either way).
 MAX_SKEW = 60.0
-EVERY_NODE = ("slow-store", "pause-broker", "crash-store")
+EVERY_NODE = ("slow-store", "pause-broker", "crash-store", *receiver.FAULTS)
 # Faults a node rides out holding its buckets: its store calls fail at
 # random but not for a lease's term (so it stays in the placement, and its
 # leases stay its own), or its broker's acks are lost (it publishes again).
@@ -98,7 +107,7 @@ def draw_faults(rng: random.Random, names: list[str], duration: float) -> list[F
         lasts = round(rng.uniform(*LASTS.get(kind, (1.0, 25.0))), 3)
         skew = round(rng.uniform(-MAX_SKEW, MAX_SKEW), 3) if kind == "skew-clock" else 0.0
         faults.append(Fault(round(at, 3), kind, target, lasts, skew))
-        at += rng.uniform(5.0, 40.0)
+        at += rng.uniform(3.0, 25.0)
     return faults
 
 
@@ -147,6 +156,11 @@ async def _run(
     gossip.cancel()
     views = _views(cluster, needs_views(history))
     settled = settle(history, views)
+    for doc in cluster.documents.by_id.values():
+        if doc["status"] == Status.DELIVERY_FAILED.value:
+            # As the real runner notes them: the checker's delivery_failed.
+            at, schedule_id = cluster.clock.wall().timestamp(), public_id(str(doc["_id"]))
+            settled.event(OBSERVER, DELIVERY_FAILED, at, id=schedule_id, error=doc.get("lastError"))
     result = check(settled, Topic(tuple(broker.log)), JUDGED, figures=FIGURES)
     result["stranded"] = _stranded(cluster)
     result["died"], result["died_ids"] = len(cluster.died), cluster.died[:5]
@@ -176,7 +190,9 @@ async def _one(cluster: Cluster, history: History, fault: Fault) -> None:
     # or when it is one the node rides out holding its buckets.
     unshared = node is not None and (fault.kind in HELD or all(cluster.impaired.values()))
     lasting = fault.lasts + (REPLICATION_LAG if fault.kind == "crash-store" else 0.0)
-    _event(cluster, history, fault.kind, label, fault.target, lasting, unshared=unshared)
+    # What the real player notes of a 503 (``chaos/faults/player.py``): the wait it asks for.
+    noted = {"retry_after": receiver.RETRY_AFTER} if fault.kind == receiver.UNAVAILABLE else {}
+    _event(cluster, history, fault.kind, label, fault.target, lasting, unshared=unshared, **noted)
     try:
         undo = await _apply(cluster, node, fault)
         if undo is None:
@@ -184,6 +200,9 @@ async def _one(cluster: Cluster, history: History, fault: Fault) -> None:
         await asyncio.sleep(fault.lasts)
         await undo()
         _event(cluster, history, "heal", label, fault.target, 0.0)
+        if fault.kind in REJOINS:
+            # Its buckets move back to it: a hand-over, judged as a fault's.
+            _event(cluster, history, REJOIN, f"{REJOIN} {fault.target}", fault.target, 0.0)
     finally:
         if node is not None:
             cluster.impaired[node.name] -= 1
@@ -198,10 +217,11 @@ def _event(
     lasting: float,
     *,
     unshared: bool = False,
+    **noted: Any,
 ) -> None:
     """A nemesis event as the real player writes one (``chaos/faults/player.py``)."""
     at = cluster.clock.wall().timestamp()
-    extra = {"unshared": True} if unshared else {}
+    extra = {**noted, **({"unshared": True} if unshared else {})}
     history.event(NEMESIS, do, at, at=round(at - history.started, 3), do=do, step=label,
                   lasting=lasting, node=node or None, **extra)  # fmt: skip
 
@@ -213,6 +233,9 @@ async def _apply(cluster: Cluster, node: SimNode | None, fault: Fault) -> Any:
         return _async(cluster.broker.resume)
     if fault.kind == "slow-store":
         return _latency(cluster, 2.0)
+    if fault.kind in receiver.FAULTS:
+        cluster.receiver.mode = fault.kind
+        return _async(lambda: setattr(cluster.receiver, "mode", receiver.UP))
     if fault.kind == "crash-store":
         # The secondaries fall behind, then the primary dies (``store.py``).
         cluster.server.lag()
@@ -266,7 +289,11 @@ def _lose_broker_acks(cluster: Cluster, node: SimNode) -> Any:
 
 
 def _skew_clock(cluster: Cluster, node: SimNode, fault: Fault) -> Any:
-    node.skew = fault.skew
+    # Outside the lease guard's model, so not drawn: a host whose monotonic
+    # clock stands still through a freeze and whose wall clock is stepped
+    # back meanwhile shows no clock that counted the freeze (docs/chaos.md).
+    frozen = node.paused and node.frozen_clock
+    node.skew = abs(fault.skew) if frozen else fault.skew
     return _async(lambda: setattr(node, "skew", 0.0))
 
 
@@ -307,6 +334,7 @@ def _async(undo: Any) -> Any:
 async def _heal(cluster: Cluster, history: History) -> None:
     """Every fault ends, every crashed node starts again."""
     cluster.server.down = False
+    cluster.receiver.mode = receiver.UP
     cluster.broker.resume()
     cluster.broker.cut.clear()
     cluster.broker.lost_acks.clear()
@@ -321,14 +349,16 @@ async def _heal(cluster: Cluster, history: History) -> None:
 
 
 async def _drain(cluster: Cluster) -> None:
-    """Until nothing due is left undelivered, DRAIN at most."""
+    """Until nothing due is left undelivered, DRAIN at most (what is owed
+    includes a retry or a wait whose time is still to come)."""
     waited = 0.0
     while waited < DRAIN:
         now = cluster.clock.wall()
         owed = [
             d
             for d in cluster.documents.by_id.values()
-            if d["status"] in (Status.PENDING.value, Status.IN_FLIGHT.value) and d["dueAt"] <= now
+            if d["status"] in (Status.PENDING.value, Status.IN_FLIGHT.value)
+            and min(d["dueAt"], d["executeAt"]) <= now
         ]
         if not owed:
             return

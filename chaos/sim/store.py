@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.errors import StoreUnavailable
-from node.store.emulation import stored
 from node.store.memory import Documents
 
 # How long the secondaries lag before the primary dies: the durable writes
@@ -69,7 +68,7 @@ class Server:
         if name not in self.unjournaled or not args:
             return None
         ids = [_id_of(item) for item in args[0]]
-        return [stored(self.documents.by_id[i]) for i in ids if i in self.documents.by_id]
+        return [_image(self.documents.by_id[i]) for i in ids if i in self.documents.by_id]
 
     def wrote(self, name: str, before: list[dict[str, Any]] | None) -> None:
         if before is not None:
@@ -93,6 +92,13 @@ class Server:
             self._lagging.set()
             self._lagging = None
         return len(lost)
+
+
+def _image(doc: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``doc`` that a write cannot change: a write replaces the
+    fields it sets (``emulation.apply``: a push makes a new list), so one
+    level is enough."""
+    return dict(doc)
 
 
 def _id_of(item: Any) -> str:

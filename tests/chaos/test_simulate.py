@@ -42,9 +42,10 @@ def test_a_seed_is_ten_simulated_minutes_of_a_cluster_under_load_and_faults() ->
         outcome = simulate(seed, minutes=10)
         assert outcome.passed, outcome.violations()
         assert outcome.simulated >= 590 and 1 <= outcome.nodes <= 7
-        assert outcome.result["accepted"] > 2500 and outcome.result["delivered"] > 2000
+        assert outcome.result["accepted"] > 1200 and outcome.result["delivered"] > 1000
         assert len(outcome.faults) >= 10
         result = outcome.result
+        assert result["delivered_http"] > 0 and result["occurrences"] > 0
         assert min(result["cancelled"], result["rescheduled"], result["paused"]) > 0
         assert result["resumed"] > 0 and result["stranded"] == result["died"] == 0
 
