@@ -104,7 +104,7 @@ class SimNode:
     cluster: Cluster
     store_gate: Gate
     frozen_clock: bool = False  # a pause stops its monotonic clock too
-    skew: float = 0.0  # seconds its host's wall clock is off the store's
+    skew: float = 0.0  # seconds its host's wall clock is off the store's (``set_skew``)
     alive: bool = False
     paused: bool = False
     generation: int = 0  # how many times it started
@@ -113,6 +113,8 @@ class SimNode:
     _context: contextvars.Context = field(default_factory=contextvars.copy_context)
     _paused_for: float = 0.0  # seconds of frozen pauses its clock left out
     _paused_at: float | None = None
+    _held_skew: float | None = None  # a step back held (``set_skew``)
+    _freeze_unseen_until: float = 0.0  # loop time a frozen pause may still go unseen
     ownership: Ownership | None = None
     poller: BucketPoller | None = None
     servers: ServerWatch | None = None
@@ -134,6 +136,30 @@ class SimNode:
         """Its host's wall clock: the store's, off by its skew."""
         return self.cluster.clock.wall() + timedelta(seconds=self.skew)
 
+    def set_skew(self, seconds: float) -> None:
+        """Step its host's wall clock to ``seconds`` off the store's.
+
+        Never back while its monotonic clock has missed a freeze that no
+        answer of the store has yet shown it: from a frozen pause until a
+        lease's length after it (by then every lease from before the freeze
+        has been renewed through the store or has ended on its own clock).
+        A host that shows no clock that counted the freeze is outside the
+        lease guard's model (docs/chaos.md), so such a step waits.
+        """
+        if seconds < self.skew and self._freeze_unseen():
+            self._held_skew = seconds
+            return
+        self.skew, self._held_skew = seconds, None
+
+    def _freeze_unseen(self) -> bool:
+        if self.paused and self.frozen_clock:
+            return True
+        return self.cluster.clock.loop.time() < self._freeze_unseen_until
+
+    def _apply_held_skew(self) -> None:
+        if self._held_skew is not None:
+            self.set_skew(self._held_skew)
+
     async def running(self) -> None:
         """Return at once unless paused: then when resumed."""
         await self.store_gate.running.wait()
@@ -148,6 +174,8 @@ class SimNode:
         self._context.run(loop.FREEZE.set, self.freeze)
         # A new process: its monotonic clock its own, whatever froze the last one's.
         self.frozen_clock, self._paused_at, self._paused_for = False, None, 0.0
+        self._freeze_unseen_until = 0.0
+        self._apply_held_skew()
         self.store_gate.running.set()
         cluster = self.cluster
         settings = cluster.settings
@@ -285,6 +313,9 @@ class SimNode:
             self.paused = False
             if self._paused_at is not None and self.frozen_clock:
                 self._paused_for += self.cluster.clock.loop.time() - self._paused_at
+                until = self.cluster.clock.loop.time() + self.cluster.settings.lease_ttl
+                self._freeze_unseen_until = until
+                self.cluster.clock.loop.call_at(until, self._apply_held_skew)
             self._paused_at = None
             self.freeze.thaw()
             self.store_gate.running.set()

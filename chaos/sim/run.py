@@ -289,12 +289,8 @@ def _lose_broker_acks(cluster: Cluster, node: SimNode) -> Any:
 
 
 def _skew_clock(cluster: Cluster, node: SimNode, fault: Fault) -> Any:
-    # Outside the lease guard's model, so not drawn: a host whose monotonic
-    # clock stands still through a freeze and whose wall clock is stepped
-    # back meanwhile shows no clock that counted the freeze (docs/chaos.md).
-    frozen = node.paused and node.frozen_clock
-    node.skew = abs(fault.skew) if frozen else fault.skew
-    return _async(lambda: setattr(node, "skew", 0.0))
+    node.set_skew(fault.skew)
+    return _async(lambda: node.set_skew(0.0))
 
 
 def _isolate(cluster: Cluster, node: SimNode) -> Any:
@@ -341,7 +337,7 @@ async def _heal(cluster: Cluster, history: History) -> None:
     cluster.gossip.heal()
     for node in cluster.nodes.values():
         node.store_gate.cut, node.store_gate.latency, node.store_gate.lose_answers = False, 0, 0
-        node.skew = 0.0
+        node.set_skew(0.0)
         node.resume()
         if not node.alive:
             node.start()

@@ -7,6 +7,7 @@ and the mutants themselves.)"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -16,7 +17,10 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from chaos.sim.broker import Broker
 from chaos.sim.cli import seeds_of
+from chaos.sim.cluster import Cluster, Settings
+from chaos.sim.loop import run
 from chaos.sim.mutants import MUTANTS
 from chaos.sim.run import simulate
 from node.delivery.server_watch import ServerWatch
@@ -138,3 +142,37 @@ def test_a_seed_range_is_read_as_written() -> None:
     assert seeds_of("1-3") == [1, 2, 3]
     with pytest.raises(ValueError):
         seeds_of("5-1")
+
+
+def test_no_wall_clock_step_back_until_a_lease_past_a_freeze_its_monotonic_missed() -> None:
+    """Seed 427 of 1-1000: a skew of +40 s undone while its node was frozen,
+    monotonic clock and all, stepped its wall clock back during the freeze
+    (and, held to the resume, at the resume): a host that shows no clock
+    that counted the freeze, which the lease guard does not claim to cover.
+    The step back waits a lease's length past the resume."""
+
+    async def steps() -> None:
+        loop = asyncio.get_running_loop()
+        cluster = Cluster(427, Settings(lease_ttl=6.0), Broker())
+        node = cluster.add("n1")
+        cluster.gossip.add_node("n1")
+        node.alive = True
+        node.set_skew(40.0)
+        node.frozen_clock = True
+        node.pause()
+        node.set_skew(55.0)  # forward: at once
+        assert node.skew == 55.0
+        node.set_skew(0.0)  # back: held
+        node.resume()
+        assert node.skew == 55.0
+        resumed = loop.time()
+        await asyncio.sleep(5.9)
+        assert node.skew == 55.0
+        await asyncio.sleep(0.2)
+        assert node.skew == 0.0 and loop.time() - resumed < 6.2
+        node.frozen_clock = False
+        node.pause()  # a freeze its monotonic clock counts: any step at once
+        node.set_skew(-30.0)
+        assert node.skew == -30.0
+
+    run(steps())
