@@ -28,7 +28,7 @@ MONOTONIC_ONLY = "monotonic-only-leases"
 # What is due judged by the host's wall clock, not by the store's as the
 # node estimates it: a node whose clock runs fast delivers early.
 HOST_CLOCK = "due-by-host-clock"
-# Marks written without waiting for the journal (w: 1, as claims are): a
+# Marks written without waiting for the journal (w: 1): a
 # store crash loses them, and the schedule is IN_FLIGHT again under its
 # owner's live token, which no recovery of an older owner's work touches.
 UNJOURNALED_MARKS = "unjournaled-marks"

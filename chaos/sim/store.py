@@ -8,14 +8,14 @@ reaches it through its own ``Gated`` view, so a fault can be one node's
 (a partition from the store) or everyone's (a latency spike, a crash).
 
 What a crash loses is what the Mongo store writes without waiting for the
-journal on a majority (``node/store/schedules.py``: the claim alone; every
-other write is DURABLE). A durable write commits every write before it,
+journal on a majority: since seed 325 nothing of the owners' and the API's
+(``node/store/schedules.py``: every write is DURABLE), so only a mutant's
+(``unjournaled-marks``) is. A durable write commits every write before it,
 as the oplog's order does, so what is lost is what was written since the
 last one, and a crash comes as it does on a replica set: its secondaries
 fall behind for REPLICATION_LAG (durable writes wait for them, and are
 rolled back with the rest when the primary dies; unjournaled ones are
-answered at once), then the primary dies. A lost claim puts its schedule
-back as it was.
+answered at once), then the primary dies.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ REPLICATION_LAG = 2.0
 # The store calls that write durably (journaled on a majority): each
 # commits every write before it.
 DURABLE = frozenset({
-    "insert", "cancel", "change", "change_matching", "complete", "unclaim",
+    "insert", "claim", "cancel", "change", "change_matching", "complete", "unclaim",
     "recover_in_flight", "open_session", "renew_session", "take", "release",
 })  # fmt: skip
 
@@ -48,7 +48,7 @@ class Server:
     documents as they were before it."""
 
     documents: Documents
-    unjournaled: frozenset[str] = frozenset({"claim"})
+    unjournaled: frozenset[str] = frozenset()
     down: bool = False
     _lagging: asyncio.Event | None = None  # set when the lag ends in the crash
     _pending: list[list[dict[str, Any]]] = field(default_factory=list)

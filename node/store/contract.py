@@ -420,8 +420,9 @@ class Schedules(Protocol):
         exactly the document read), and no newer token has written it
         (``token <= mine``). The claim sets ``token``, ``owner`` and
         ``claimedAt``, and adds one to ``attempts`` (of this occurrence),
-        ``runs`` (of the schedule's life) and ``version``. A claim may be
-        lost in a crash of the store: the schedule is then PENDING again."""
+        ``runs`` (of the schedule's life) and ``version``. Durable, as every
+        write: an acknowledged claim survives a crash of the store (what is
+        published next is then never PENDING again at its old version)."""
 
     async def complete(self, completions: Sequence[Completion]) -> int:
         """Write what delivery decided for each claimed schedule

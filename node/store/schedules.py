@@ -154,8 +154,14 @@ class ScheduleStore:
         # back, a recovery): lost after its acknowledgement (w: 1 rolled
         # back in a failover, or not yet journaled when the server died), it
         # leaves the schedule IN_FLIGHT under a token its owner may hold for
-        # good, and nothing would ever look at it again. A claim may be
-        # lost: the schedule is PENDING again and delivered again at worst.
+        # good, and nothing would ever look at it again. And so must the
+        # claim, though a lost one only puts its schedule back as it was:
+        # the owner publishes once the claim is acknowledged, and a claim
+        # rolled back after that leaves a schedule already out PENDING at
+        # its first version, which a cancel then takes with a 200 ("it will
+        # not be delivered") and a PATCH moves as if it had not fired (the
+        # simulation's seed 325 of 1-1000). The cost is one wait for the
+        # majority per claim statement, a batch each, before the publish.
         self._durable = self.schedules.with_options(write_concern=DURABLE)
         self._inserts = GroupInserter(self._durable)
 
@@ -773,7 +779,7 @@ class ScheduleStore:
         ]
         if not ops:
             return []
-        result = await self.schedules.bulk_write(ops, ordered=False)
+        result = await self._durable.bulk_write(ops, ordered=False)
         if result.modified_count == len(docs):
             return [Claimed(doc, tokens[doc["bucket"]]) for doc in docs]
         held = await self.schedules.find(
