@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chaos.sim import loop, mutants
-from chaos.sim.broker import Broker, Producer
+from chaos.sim.broker import Broker
 from chaos.sim.receiver import Receiver, Session
 from chaos.sim.store import Gate, Gated, Server
 from membership.config import SwimConfig
@@ -160,10 +160,6 @@ class SimNode:
         if self._held_skew is not None:
             self.set_skew(self._held_skew)
 
-    async def running(self) -> None:
-        """Return at once unless paused: then when resumed."""
-        await self.store_gate.running.wait()
-
     def start(self) -> None:
         assert not self.alive
         self.generation += 1
@@ -176,7 +172,6 @@ class SimNode:
         self.frozen_clock, self._paused_at, self._paused_for = False, None, 0.0
         self._freeze_unseen_until = 0.0
         self._apply_held_skew()
-        self.store_gate.running.set()
         cluster = self.cluster
         settings = cluster.settings
         metrics = NodeMetrics()
@@ -199,7 +194,7 @@ class SimNode:
             wall=(lambda: self.host_wall().timestamp()) if wall_guard else None,
             unfenced=unfenced,
         )
-        publisher = Pausing(cluster.broker.producer(self.name, cluster.clock.wall), self)
+        publisher = cluster.broker.producer(self.name, cluster.clock.wall)
         clock = StoreClock(schedules.server_time, monotonic=self.monotonic, wall=self.host_wall)
         # What is due, by the store's clock as the node estimates it (the
         # mutant: by its host's clock).
@@ -209,7 +204,7 @@ class SimNode:
             _signing_keys,
             clock=clock.now,
             monotonic=self.monotonic,
-            sessions=lambda: Session(cluster.receiver, self.running),  # type: ignore[arg-type,return-value]
+            sessions=lambda: Session(cluster.receiver),  # type: ignore[arg-type,return-value]
         )
         rng = random.Random(f"{cluster.seed}/{self.name}/{self.generation}")
         self.store = schedules  # the API's calls go the same way as the poller's
@@ -290,7 +285,6 @@ class SimNode:
         if not self.alive:
             return
         self.alive = False
-        self.store_gate.running.set()  # what waited on a pause ends with the process
         self.freeze.thaw()  # so that its tasks can end
         tasks, self._tasks = self._tasks, []
         for task in tasks:
@@ -304,7 +298,6 @@ class SimNode:
         if self.alive and not self.paused:
             self.paused = True
             self.freeze.frozen = True
-            self.store_gate.running.clear()
             self._paused_at = self.cluster.clock.loop.time()
             self.cluster.gossip.pause(self.name)
 
@@ -318,7 +311,6 @@ class SimNode:
                 self.cluster.clock.loop.call_at(until, self._apply_held_skew)
             self._paused_at = None
             self.freeze.thaw()
-            self.store_gate.running.set()
             self.cluster.gossip.resume(self.name)
 
     def view_changed(self) -> None:
@@ -328,26 +320,6 @@ class SimNode:
 
 async def _signing_keys(tenant: str) -> list[bytes]:
     return [SIGNING_KEY]
-
-
-@dataclass
-class Pausing:
-    """A node's producer that waits while the node is paused."""
-
-    inner: Producer
-    node: SimNode
-
-    @property
-    def request_timeout(self) -> float:
-        return self.inner.request_timeout
-
-    async def reachable(self) -> bool:
-        await self.node.running()
-        return await self.inner.reachable()
-
-    async def publish(self, records: Any) -> Any:
-        await self.node.running()
-        return await self.inner.publish(records)
 
 
 class Cluster:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -77,12 +77,11 @@ class Receiver:
 
 class Session:
     """What the HTTP sink's ``aiohttp.ClientSession`` is asked for
-    (``request``, ``close``), answered by the receiver; a node paused holds
-    its calls until it resumes."""
+    (``request``, ``close``), answered by the receiver (a node paused holds
+    its calls as it holds the rest: ``loop.Freeze``)."""
 
-    def __init__(self, receiver: Receiver, running: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
-        self.running = running
 
     def request(
         self,
@@ -110,7 +109,6 @@ class _Exchange:
         self.timeout = timeout
 
     async def __aenter__(self) -> _Response:
-        await self.session.running()
         receiver = self.session.receiver
         if receiver.mode == DOWN:
             raise aiohttp.ClientConnectorError(

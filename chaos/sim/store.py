@@ -118,8 +118,6 @@ class Gate:
     latency: float = 0.0  # seconds added to every call's round trip
     lose_answers: float = 0.0  # share of calls whose answer is lost after they applied
     server: Server | None = None  # the store's server, shared by every gate
-    # Cleared while the node is paused: its calls wait here, then go on.
-    running: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Gated:
@@ -141,9 +139,9 @@ class Gated:
 
 
 class GatedFeed:
-    """A change feed through the gate: its news waits while the node is
-    paused, and it breaks at its next news once the node is cut from the
-    store or the store is down (a change stream's cursor fails then)."""
+    """A change feed through the gate: it breaks at its next news once the
+    node is cut from the store or the store is down (a change stream's
+    cursor fails then)."""
 
     def __init__(self, feed: Any, gate: Gate) -> None:
         self._feed = feed
@@ -157,7 +155,6 @@ class GatedFeed:
 
     async def _changes(self) -> AsyncIterator[Any]:
         async for change in self._feed:
-            await self._gate.running.wait()
             server = self._gate.server
             if self._gate.cut or (server is not None and server.down):
                 raise StoreUnavailable("simulated: the change stream broke")
@@ -166,7 +163,6 @@ class GatedFeed:
 
 def _gated(name: str, method: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
     async def call(*args: Any, **kwargs: Any) -> Any:
-        await gate.running.wait()
         # Half the latency on the way there, half on the way back: the call
         # applies (and the store's clock is read) in the middle.
         latency = gate.latency / 2
@@ -182,7 +178,7 @@ def _gated(name: str, method: Callable[..., Any], gate: Gate) -> Callable[..., A
         result = await method(*args, **kwargs)
         if server is not None:
             server.wrote(name, before)
-        if name == "watch_due":
+        if hasattr(result, "__aiter__"):  # a change feed: its news through the gate too
             result = GatedFeed(result, gate)
         if latency:
             await asyncio.sleep(latency)

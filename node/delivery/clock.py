@@ -59,13 +59,13 @@ class StoreClock:
         self.monotonic = monotonic
         self.wall = wall
         self._readings: deque[Reading] = deque(maxlen=READINGS)
-        self._best_reading: Reading | None = None  # of those kept: changes only at a reading
+        self._best: Reading | None = None  # of those kept: changes only at a reading
         self._last: tuple[float, Reading, datetime] | None = None  # the last now() made
 
     def now(self) -> datetime:
         """The store's time now (this host's, before the first reading),
         at the millisecond, as BSON stores times."""
-        best = self._best()
+        best = self._best
         if best is None:
             return self.wall()
         monotonic = self.monotonic()
@@ -79,14 +79,14 @@ class StoreClock:
     @property
     def offset(self) -> float:
         """Seconds the store's clock is ahead of this host's (0 before a reading)."""
-        if self._best() is None:
+        if self._best is None:
             return 0.0
         return (self.now() - self.wall()).total_seconds()
 
     @property
     def uncertainty(self) -> float | None:
         """Half the round trip of the reading in use: the most ``now`` can be off."""
-        best = self._best()
+        best = self._best
         return None if best is None else best.round_trip / 2
 
     async def read(self) -> None:
@@ -96,7 +96,7 @@ class StoreClock:
         back = self.monotonic()
         trip = back - sent
         reading = Reading(server, sent + trip / 2, trip)
-        best = self._best()
+        best = self._best
         if best is not None and _disagree(best, reading):
             # The monotonic clock did not keep time with the store's since
             # the readings kept: it stood still (a VM frozen with its
@@ -114,15 +114,12 @@ class StoreClock:
         # The fastest round trip bounds the error best; a reading ages only
         # by the drift of the monotonic clock, which is small (of equals,
         # the newest: it has aged least).
-        self._best_reading = min(reversed(self._readings), key=lambda r: r.round_trip)
+        self._best = min(reversed(self._readings), key=lambda r: r.round_trip)
         if abs(self.offset) >= WARN_OFFSET:
             log.warning(
                 "this host's clock is off the store's: the store's decides what is due",
                 offset_s=round(self.offset, 3),
             )
-
-    def _best(self) -> Reading | None:
-        return self._best_reading
 
 
 def _expected_at(reading: Reading, at: float) -> float:
