@@ -96,6 +96,7 @@ __all__ = [
     "INVARIANTS",
     "KINDS",
     "LATE_OUTSIDE_WINDOWS",
+    "MUST_HOLD",
     "OWNER_CHANGE",
     "PRODUCER_RETRY",
     "RETRIED_PUBLISH",
@@ -129,6 +130,29 @@ def check(
     return result
 
 
+# The counts that must be 0 whatever the faults (``passed``).
+MUST_HOLD = (
+    "lost",
+    "early",
+    "cancelled_delivered",
+    "paused_delivered",
+    "rescheduled_wrong_time",
+    "duplicates_same_claim",
+    "stale_claims",
+    "vanished",
+    "unexpected_occurrences",
+    "early_received",
+    "garbage_failures",
+    "stranded",
+    "late_outside_windows",
+    "late_past_windows",
+    "wrong_destination",
+    "delivery_failed",
+    "bad_signatures",
+    "over_flow_rate",
+)
+
+
 def passed(result: Mapping[str, Any]) -> bool:
     """The invariants that must hold whatever the faults (and, where a run
     judged them, its floods of garbage gossip: ``garbage_failures``; where
@@ -138,26 +162,4 @@ def passed(result: Mapping[str, Any]) -> bool:
     (and, in the simulation, ``late_past_windows``);
     where its receiver checked the signatures, ``bad_signatures``).
     An invariant the check did not run has nothing to say."""
-    return all(
-        result.get(key, 0) == 0
-        for key in (
-            "lost",
-            "early",
-            "cancelled_delivered",
-            "paused_delivered",
-            "rescheduled_wrong_time",
-            "duplicates_same_claim",
-            "stale_claims",
-            "vanished",
-            "unexpected_occurrences",
-            "early_received",
-            "garbage_failures",
-            "stranded",
-            "late_outside_windows",
-            "late_past_windows",
-            "wrong_destination",
-            "delivery_failed",
-            "bad_signatures",
-            "over_flow_rate",
-        )
-    )
+    return all(result.get(key, 0) == 0 for key in MUST_HOLD)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from chaos.checker import FIGURES, INVARIANTS, check, late_past_windows, passed
+from chaos.checker import FIGURES, INVARIANTS, MUST_HOLD, check, late_past_windows, passed
 from chaos.history import DELIVERY_FAILED, NEMESIS, OBSERVER, History, Topic
 from chaos.lab.harness import iso
 from chaos.settle import needs_views, settle
@@ -91,12 +91,8 @@ class Outcome:
     faults: tuple[Fault, ...]
 
     def violations(self) -> dict[str, Any]:
-        """Each failed invariant's count and first ids."""
-        return {
-            key: value
-            for key, value in self.result.items()
-            if isinstance(value, int) and value and f"{key}_ids" in self.result
-        }
+        """Each failed invariant's count (and a node task's death: ``died``)."""
+        return {key: self.result[key] for key in (*MUST_HOLD, "died") if self.result.get(key)}
 
 
 def draw_faults(rng: random.Random, names: list[str], duration: float) -> list[Fault]:

@@ -22,7 +22,7 @@ from chaos.sim.cli import seeds_of
 from chaos.sim.cluster import Cluster, Settings
 from chaos.sim.loop import run
 from chaos.sim.mutants import MUTANTS
-from chaos.sim.run import simulate
+from chaos.sim.run import Outcome, simulate
 from node.delivery.server_watch import ServerWatch
 from tests.helpers import ROOT
 
@@ -176,3 +176,14 @@ def test_no_wall_clock_step_back_until_a_lease_past_a_freeze_its_monotonic_misse
         assert node.skew == -30.0
 
     run(steps())
+
+
+def test_a_violation_without_ids_is_still_named() -> None:
+    """`--all-mutants` over seeds 1-200 stopped with a StopIteration: seed 9
+    caught ``no-recovery`` by one schedule stranded IN_FLIGHT, a count the
+    checker gives without ids, and the report asked only for counts with
+    ids."""
+    outcome = Outcome(9, 4, 922.0, {"stranded": 1, "lost": 0, "accepted": 10}, False, "", ())
+    assert outcome.violations() == {"stranded": 1}
+    died = Outcome(9, 4, 922.0, {"died": 2, "died_ids": ["n1: boom"]}, False, "", ())
+    assert died.violations() == {"died": 2}
