@@ -7,9 +7,10 @@ time, the store's gate, the broker).
 A node's life: ``start`` (a process starting: a fresh lease book and
 poller), ``crash`` (its tasks end where they stand, nothing released; the
 store keeps what it wrote), ``pause`` / ``resume`` (a frozen process: its
-calls wait at the store and the broker until it resumes, then land late,
-as a zombie's do; its monotonic clock runs on through the pause, as
-CLOCK_MONOTONIC does, unless ``frozen_clock``), and its gates to the store
+freeze holds everything it would run until it resumes, so a call it had
+out lands and is answered late, as a zombie's is; its monotonic clock runs
+on through the pause, as CLOCK_MONOTONIC does, unless ``frozen_clock``),
+``set_skew`` (its host's wall clock stepped), and its gates to the store
 and the broker, each of which can be cut.
 """
 
