@@ -306,3 +306,31 @@ def test_the_priority_suite_places_each_high_one_among_the_low_ones() -> None:
     assert not any(priority_bench.aims({"plan": {**plan, "before": 3}, **placed}).values())
     missing = priority_bench.placing(["low1", "high1"])
     assert not any(priority_bench.aims({"plan": plan, **missing}).values())
+
+
+def test_the_idle_suite_takes_each_bucket_count_in_turn_and_sets_least_over_least() -> None:
+    """Some idle windows carry a burst of the store's own work (0.06-0.07
+    CPU s/s in 5 of 12, 0.003-0.021 in the others, whatever B), so each N
+    runs the bucket counts forwards, backwards, forwards, and a ratio is of
+    the least of each."""
+    plan = dataclasses.replace(idle_bench.FULL, nodes=(1, 3), buckets=(256, 4096), rounds=3)
+    assert idle_bench.turns(plan) == [
+        (1, 256), (1, 4096), (1, 4096), (1, 256), (1, 256), (1, 4096),
+        (3, 256), (3, 4096), (3, 4096), (3, 256), (3, 256), (3, 4096),
+    ]  # fmt: skip
+    assert idle_bench.turns(dataclasses.replace(plan, rounds=1)) == [
+        (1, 256), (1, 4096), (3, 256), (3, 4096)
+    ]  # fmt: skip
+
+    def row(b: int, cpu: float) -> dict[str, Any]:
+        return {"processes": 3, "buckets": b, "polling": False, "store_ops_per_s_total": 10.0,
+                "store_cpu_per_s": cpu, "node_cpu_per_s": 0.1}  # fmt: skip
+
+    # The store's burst in two windows of 256, one of 4,096; nothing else between them.
+    runs = [row(256, 0.07), row(4096, 0.011), row(4096, 0.065), row(256, 0.068),
+            row(256, 0.01), row(4096, 0.012)]  # fmt: skip
+    result = {"plan": dataclasses.asdict(plan), "runs": runs}
+    assert idle_bench.ratios(result)["3"]["4096"]["store_cpu_per_s"] == pytest.approx(1.1)
+    assert idle_bench.ratios({**result, "runs": runs[:2]})["3"]["4096"][
+        "store_cpu_per_s"
+    ] == pytest.approx(0.011 / 0.07)
