@@ -17,7 +17,6 @@ Retry-After), ``receiver-slow`` (no answer within any call's timeout).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +27,8 @@ from typing import Any
 import aiohttp
 from aiohttp.client_reqrep import ConnectionKey
 
-from chaos.history import HTTP, Delivery, occurrence
-from chaos.lab.harness import epoch
+from chaos.lab.receiver import digest
+from chaos.receipts import receipt
 from chaos.sim.broker import Broker
 
 HOST = "receiver.sim"
@@ -53,26 +52,20 @@ class Receiver:
         return self.rng.uniform(*LATENCY)
 
     def take(self, headers: dict[str, str], body: bytes) -> None:
-        """A request it answers 200: a delivery at the HTTP sink."""
-        schedule_id, execute_at = headers["schedule-id"], headers["execute-at"]
-        unit = (
-            occurrence(schedule_id, execute_at)
-            if schedule_id in self.broker.recurring
-            else schedule_id
-        )
-        at = self.wall().timestamp()
-        self.broker.log.append(
-            Delivery(
-                unit,
-                int(headers["fence-token"]),
-                int(headers["attempt"]),
-                at,
-                digest=hashlib.blake2b(body, digest_size=8).hexdigest(),
-                received=at,
-                execute_at=epoch(execute_at),
-                sink=HTTP,
-            )
-        )
+        """A request it answers 200: a delivery at the HTTP sink, made from
+        the line a real receiver would log for it (``chaos/receipts.py``)."""
+        line = {
+            "status": 200,
+            "schedule_id": headers["schedule-id"],
+            "execute_at": headers["execute-at"],
+            "fence_token": headers["fence-token"],
+            "attempt": headers["attempt"],
+            "at": self.wall().timestamp(),
+            "digest": digest(body),
+        }
+        taken = receipt(line, self.broker.recurring).delivery
+        assert taken is not None  # a 200 with the scheduler's headers
+        self.broker.log.append(taken)
 
 
 class Session:

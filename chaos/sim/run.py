@@ -47,7 +47,7 @@ LATE_COPIES = 10.0
 FAULT_KINDS = (
     "kill", "pause", "pause-frozen-clock", "cut-store", "slow-store", "lose-store-answers",
     "cut-broker", "pause-broker", "lose-broker-acks", "isolate", "skew-clock", "crash-store",
-    receiver.DOWN, receiver.UNAVAILABLE, receiver.SLOW,
+    *receiver.FAULTS,
 )  # fmt: skip
 # The faults whose end brings their node back into the placement, so that
 # the buckets move back to it: the simulation notes that as a fault of its
