@@ -69,19 +69,14 @@ def main() -> int:
     run.add_argument(
         "--keep", type=Path, default=None, help="keep node logs and data in this directory"
     )
-    probe = commands.add_parser(
-        "broker-check", help="do concurrent producers lose acknowledged records?"
+    add_broker_check(
+        commands.add_parser(
+            "broker-check", help="do concurrent producers lose acknowledged records?"
+        )
     )
-    probe.add_argument("--producers", type=int, default=4)
-    probe.add_argument("--records", type=int, default=300, help="per producer and round")
-    probe.add_argument("--rounds", type=int, default=5)
-    probe.add_argument("--memory", action="store_true", help="Tansu in memory, not over S3")
-    probe.add_argument("--kafka-bootstrap", default=None, help="check this Kafka instead")
     args = parser.parse_args()
     if args.command == "broker-check":
-        return brokercheck.main(
-            args.producers, args.records, args.rounds, args.memory, args.kafka_bootstrap
-        )
+        return broker_check(args)
     if args.command == "simulate":
         if args.mutant and args.mutant not in MUTANTS:
             print(f"chaos: no mutant {args.mutant!r} (--list-mutants)", file=sys.stderr)
@@ -121,6 +116,78 @@ def main() -> int:
             external=(args.mongo_uri, args.kafka_bootstrap) if args.mongo_uri else None,
         )
     return rebalance.main(args.full, args.out, args.schedules, args.seconds, args.keep)
+
+
+def add_broker_check(probe: argparse.ArgumentParser) -> None:
+    """The options of ``broker-check`` (chaos.brokercheck)."""
+    probe.add_argument("--producers", type=int, default=4)
+    probe.add_argument("--records", type=int, default=300, help="per producer and round")
+    probe.add_argument("--rounds", type=int, default=5)
+    probe.add_argument("--memory", action="store_true", help="Tansu in memory, not over S3")
+    probe.add_argument("--kafka-bootstrap", default=None, help="check this Kafka instead")
+    probe.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="SIGSTOP the broker this long, then SIGCONT: after the --crashes, alone once "
+        "a third of the records are settled (default 0: no pause)",
+    )
+    probe.add_argument(
+        "--in-flight",
+        type=int,
+        default=1,
+        help="records each producer sends at once, waiting for all their acks (default 1)",
+    )
+    probe.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the producers' request timeout (default aiokafka's, 40 s; a node's is 10 s)",
+    )
+    probe.add_argument(
+        "--crashes",
+        type=int,
+        default=0,
+        help="SIGKILL the durable broker this many times a round, each time down "
+        f"{brokercheck.DOWN:g} s and restarted on the same port and storage (default 0)",
+    )
+    probe.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="partitions of the topic, the records' keys picking one (default 1)",
+    )
+    probe.add_argument(
+        "--batch-gap",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each producer waits this long between its batches (default with --crashes: "
+        f"--in-flight/{brokercheck.CRASH_PACE:g}, {brokercheck.CRASH_PACE:g} records a second; "
+        "else 0)",
+    )
+
+
+def broker_check(args: argparse.Namespace) -> int:
+    """``broker-check`` with its options made sane: at least one record in
+    flight and one partition, no negative gap or crash count."""
+    in_flight = max(1, args.in_flight)
+    batch_gap = args.batch_gap
+    if batch_gap is None:
+        batch_gap = brokercheck.default_batch_gap(args.crashes, in_flight)
+    options = brokercheck.Options(
+        args.producers,
+        args.records,
+        in_flight=in_flight,
+        request_timeout=args.request_timeout,
+        partitions=max(1, args.partitions),
+        batch_gap=max(0.0, batch_gap),
+        crashes=max(0, args.crashes),
+        pause=args.pause,
+    )
+    return brokercheck.main(options, args.rounds, args.memory, args.kafka_bootstrap)
 
 
 raise SystemExit(main())
