@@ -84,7 +84,7 @@ def synthetic(scheduler_three: float) -> dict[str, Any]:
     return {
         "runs": runs,
         "plan": {"nodes": [1, 3], "baseline_nodes": [1], "baselines": ["fetch"]},
-        "store_limit": {"with_history": {"records_per_s": 200.0}},
+        "store_limit": {"as_a_node": {"records_per_s": 200.0}},
         "store_floor": {"records_per_s": 400.0, "store_cpu_s_per_1000": 2.0},
     }
 
