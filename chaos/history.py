@@ -297,6 +297,11 @@ class Delivery:
     def schedule(self) -> str:
         return self.schedule_id.partition(OCCURRENCE)[0]
 
+    @property
+    def record(self) -> tuple[str, str | None, int | None, int | None]:
+        """What one record read twice shares: its unit, its bytes, its place."""
+        return self.schedule_id, self.digest, self.partition, self.offset
+
 
 @dataclass(frozen=True)
 class Topic:
@@ -304,10 +309,13 @@ class Topic:
     schedule between the topic and an http target, so its delivery may
     arrive at either): every record of the topic read live and every
     request the receiver took; the units a fresh reader found in the topic
-    at the end (None: not read again); and the units whose request the
+    at the end (None: not read again); the units whose request the
     receiver refused for good (a 4xx the node must not retry: the schedule
-    ends DELIVERY_FAILED, as asked)."""
+    ends DELIVERY_FAILED, as asked); and the records the fresh reader found
+    that the live one was never served (its fetches passed their offsets
+    before the broker showed them: in the topic all the same, so delivered)."""
 
     deliveries: tuple[Delivery, ...]
     kept: frozenset[str] | None = None
     refused: frozenset[str] = frozenset()
+    replayed: tuple[Delivery, ...] = ()

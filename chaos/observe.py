@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import ConsumerRecord
@@ -31,6 +31,8 @@ STALL_LEAD = 12.0
 # end: a node the garbage had stalled is declared dead seconds later.
 GARBAGE_JUDGED = 5.0
 STALL_LABEL = "broker stalled (/readyz)"
+# The longest the fresh reader at the end reads the topic for (seconds).
+REPLAY_WITHIN = 30.0
 
 
 class Recorder:
@@ -89,17 +91,39 @@ class Recorder:
         await self.consumer.stop()
 
 
-async def replay(bootstrap: str, topic: str, recurring: Collection[str], seen: int) -> set[str]:
-    """Every unit in the topic, read again from the beginning by a fresh
+async def replay(
+    bootstrap: str,
+    topic: str,
+    recurring: Collection[str],
+    seen: int,
+    wanted: Collection[str] = (),
+) -> list[Delivery]:
+    """Every record in the topic, read again from the beginning by a fresh
     reader: a record seen live but gone now was lost by the broker (a crash
-    of a broker that kept it only in memory)."""
+    of a broker that kept it only in memory), and one the live reader was
+    never served is in the topic all the same. It reads as many records as
+    the live reader was served and every unit of ``wanted`` (owed, and not
+    seen live), or for REPLAY_WITHIN at most (the broker over object storage
+    shows a record it took during a stall a few seconds late)."""
     reader = Recorder(bootstrap, topic, recurring)
     await reader.start()
+    missing = set(wanted)
+
+    def read_enough() -> bool:
+        return len(reader.records) >= seen and not missing - {r[0] for r in reader.records}
+
     try:
-        await until(lambda: len(reader.records) >= seen, 30, "the replay", strict=False)
+        await until(read_enough, REPLAY_WITHIN, "the replay", strict=False)
     finally:
         await reader.stop()
-    return {r[0] for r in reader.records}
+    return list(reader.deliveries)
+
+
+def served_late(live: Iterable[Delivery], replayed: Iterable[Delivery]) -> tuple[Delivery, ...]:
+    """The records the fresh reader found that the live one was never served
+    (by unit, bytes and place: the same record read by both is one)."""
+    seen = {d.record for d in live}
+    return tuple(d for d in replayed if d.record not in seen)
 
 
 class Sampler:

@@ -117,6 +117,10 @@ def _summary(result: dict[str, Any]) -> list[tuple[str, Any]]:
         ),
         ("gone from the topic by the end", result["vanished"]),
         (
+            "in the topic, never served to the live reader (found at the end)",
+            result.get("served_late", 0),
+        ),
+        (
             "offsets the broker gave two records (a broker fault: judged in no run)",
             result.get("offsets_reused", 0),
         ),

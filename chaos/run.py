@@ -48,7 +48,15 @@ from chaos.lab.harness import broker_stores, until
 from chaos.lab.network import Namespaces, probe, sweep
 from chaos.lab.receiver import Receiver
 from chaos.load import Api, Load, Webhook
-from chaos.observe import Recorder, Sampler, judge_floods, note_stalls, note_unready, replay
+from chaos.observe import (
+    Recorder,
+    Sampler,
+    judge_floods,
+    note_stalls,
+    note_unready,
+    replay,
+    served_late,
+)
 from chaos.receipts import ReceiverLog
 from chaos.scenario import Scenario
 from chaos.settle import needs_views, read_views, settle
@@ -268,15 +276,22 @@ class Run:
         for failed in await self._failed():
             settled.event(OBSERVER, DELIVERY_FAILED, time.time(), **failed)
         await recorder.stop()
-        kept = await replay(
-            self.cluster.kafka_bootstrap, self.topic, load.recurring, len(recorder.records)
+        live = {r[0] for r in recorder.records} | self._received()
+        replayed = await replay(
+            self.cluster.kafka_bootstrap,
+            self.topic,
+            load.recurring,
+            len(recorder.records),
+            wanted=expected(settled) - live,
         )
         self.judged = settled
         self._received()
+        late = served_late(recorder.deliveries, replayed)
         received = Topic(
             (*recorder.deliveries, *(self.receipts.deliveries if self.receipts else ())),
-            frozenset(kept),
+            frozenset(d.schedule_id for d in replayed),
             frozenset(self.receipts.refused if self.receipts else ()),
+            late,
         )
         result = check(settled, received)
         if self.receipts is not None:
@@ -288,6 +303,9 @@ class Run:
             skewed_at_end=dict(self.player.skewed),
             statuses=statuses,
             stranded=statuses.get("IN_FLIGHT", 0),
+            # In the topic, found only by the fresh reader at the end.
+            served_late=len({d.schedule_id for d in late}),
+            served_late_ids=sorted({d.schedule_id for d in late})[:20],
             garbage_failures=len(garbage_failed),
             garbage_failed=garbage_failed,
             chains=len(chains(settled)),

@@ -159,9 +159,17 @@ def created(accepted: Mapping[str, float], **meta: Any) -> History:
 
 
 def topic(
-    *deliveries: Delivery, kept: Iterable[str] | None = None, refused: Iterable[str] = ()
+    *deliveries: Delivery,
+    kept: Iterable[str] | None = None,
+    refused: Iterable[str] = (),
+    replayed: Iterable[Delivery] = (),
 ) -> Topic:
-    return Topic(tuple(deliveries), None if kept is None else frozenset(kept), frozenset(refused))
+    return Topic(
+        tuple(deliveries),
+        None if kept is None else frozenset(kept),
+        frozenset(refused),
+        tuple(replayed),
+    )
 
 
 def as_run(result: dict[str, Any], **fields: Any) -> dict[str, Any]:

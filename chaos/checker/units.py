@@ -25,16 +25,16 @@ SAME_TIME = 0.0005
 
 
 def delivered(topic: Topic) -> list[Delivery]:
-    """One record read twice (a reader that fetched an offset again) is one
-    delivery, not a duplicate: the same unit and bytes at the same offset."""
-    seen: set[tuple[str, str | None, int, int]] = set()
+    """One record read twice (a reader that fetched an offset again, or the
+    live reader and the fresh one at the end) is one delivery, not a
+    duplicate: the same unit and bytes at the same offset."""
+    seen: set[tuple[str, str | None, int | None, int | None]] = set()
     kept: list[Delivery] = []
-    for delivery in topic.deliveries:
+    for delivery in (*topic.deliveries, *topic.replayed):
         if delivery.partition is not None and delivery.offset is not None:
-            key = (delivery.schedule_id, delivery.digest, delivery.partition, delivery.offset)
-            if key in seen:
+            if delivery.record in seen:
                 continue
-            seen.add(key)
+            seen.add(delivery.record)
         kept.append(delivery)
     return kept
 

@@ -15,6 +15,7 @@ import pytest
 from chaos.checker import INVARIANTS, check, late_past_windows, passed
 from chaos.checker.flow import most_allowed, over_flow_rate
 from chaos.history import HTTP, INFO, KAFKA, Delivery, History, Topic, occurrence
+from chaos.observe import served_late
 from ring import bucket_for
 from tests.chaos_histories import Load, created, iso, topic
 
@@ -344,6 +345,38 @@ def test_a_record_gone_from_the_topic_at_the_end_vanished() -> None:
     result = check(history, topic(*deliveries, kept={"b"}))
     assert not passed(result)
     assert (result["vanished"], result["vanished_ids"]) == (1, ["a"])
+
+
+def test_a_record_only_the_fresh_reader_at_the_end_found_is_delivered_not_lost() -> None:
+    """The live reader was never served it (its fetches passed the offset
+    before the broker showed the record), but it is in the topic."""
+    history = created({"a": 100.0, "b": 100.0})
+    live = Delivery("a", 1, 1, 100.1, digest="x", partition=0, offset=4)
+    late = Delivery("b", 1, 1, 100.2, digest="y", partition=0, offset=3)
+    assert check(history, topic(live, kept={"a", "b"}))["lost_ids"] == ["b"]
+    result = check(history, topic(live, kept={"a", "b"}, replayed=[late]))
+    assert passed(result)
+    assert (result["lost"], result["delivered"], result["duplicates"]) == (0, 2, 0)
+
+
+def test_a_record_read_live_and_again_at_the_end_is_one_delivery_a_second_copy_two() -> None:
+    history = created({"a": 100.0})
+    live = Delivery("a", 1, 1, 100.1, digest="x", partition=0, offset=4)
+    again = replace(live, received=200.0)
+    assert check(history, topic(live, kept={"a"}, replayed=[again]))["duplicates"] == 0
+    # Another copy at another offset is in the topic twice.
+    copy = replace(live, offset=9)
+    assert check(history, topic(live, kept={"a"}, replayed=[copy]))["duplicates"] == 1
+
+
+def test_served_late_is_what_the_live_reader_was_never_served() -> None:
+    live = [Delivery("a", 1, 1, 100.1, digest="x", partition=0, offset=4)]
+    replayed = [
+        replace(live[0], received=200.0),  # the same record, read again
+        Delivery("b", 1, 1, 100.2, digest="y", partition=0, offset=3),
+        replace(live[0], digest="z"),  # other bytes at that place: another record
+    ]
+    assert served_late(live, replayed) == (replayed[1], replayed[2])
 
 
 def same_bucket_ids(count: int, buckets: int = 256) -> list[str]:
