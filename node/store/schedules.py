@@ -247,6 +247,11 @@ class ScheduleStore:
                 retry_after=1,
             ) from exc
 
+    def _write_filter(self, query: dict[str, Any]) -> dict[str, Any]:
+        """The filter of an owner's write as this server plans it best
+        (``typed``: the embedded store only)."""
+        return typed(query) if self.sliced else query
+
     def _hint(self, index: str | None) -> dict[str, Any]:
         return {"hint": index} if index is not None and self.hints else {}
 
@@ -771,7 +776,9 @@ class ScheduleStore:
             by_token[tokens[doc["bucket"]], version_of(doc)].append(doc)
         ops = [
             UpdateMany(
-                statements.claimable(chunk, version, token, now, unfenced=self.unfenced),
+                self._write_filter(
+                    statements.claimable(chunk, version, token, now, unfenced=self.unfenced)
+                ),
                 statements.claim_update(token, owner, now),
             )
             for (token, version), group in by_token.items()
@@ -806,10 +813,18 @@ class ScheduleStore:
                 same.setdefault(key, (update, []))[1].append(completion.claimed.doc)
             else:
                 ops.append(
-                    UpdateOne(statements.owned(completion.claimed, unfenced=self.unfenced), update)
+                    UpdateOne(
+                        self._write_filter(
+                            statements.owned(completion.claimed, unfenced=self.unfenced)
+                        ),
+                        update,
+                    )
                 )
         ops.extend(
-            UpdateMany(statements.held_by(chunk, token, unfenced=self.unfenced), update)
+            UpdateMany(
+                self._write_filter(statements.held_by(chunk, token, unfenced=self.unfenced)),
+                update,
+            )
             for (token, _), (update, docs) in same.items()
             for chunk in _chunks(docs)
         )
@@ -828,7 +843,10 @@ class ScheduleStore:
         for claimed in claims:
             by_token[claimed.token].append(claimed.doc)
         ops = [
-            UpdateMany(statements.held_by(chunk, token, unfenced=self.unfenced), statements.UNCLAIM)
+            UpdateMany(
+                self._write_filter(statements.held_by(chunk, token, unfenced=self.unfenced)),
+                statements.UNCLAIM,
+            )
             for token, docs in by_token.items()
             for chunk in _chunks(docs)
         ]
@@ -864,7 +882,10 @@ class ScheduleStore:
         if not stale:
             return []
         ops = [
-            UpdateOne(statements.still_left(s), statements.recovered(tokens[s["bucket"]]))
+            UpdateOne(
+                self._write_filter(statements.still_left(s)),
+                statements.recovered(tokens[s["bucket"]]),
+            )
             for s in stale
         ]
         await self._durable.bulk_write(ops, ordered=False)
@@ -880,3 +901,45 @@ def _due_and_id(doc: dict[str, Any]) -> tuple[datetime, str]:
 
 def _chunks(docs: Sequence[dict[str, Any]]) -> list[Sequence[dict[str, Any]]]:
     return [docs[i : i + IDS_PER_STATEMENT] for i in range(0, len(docs), IDS_PER_STATEMENT)]
+
+
+# The BSON type each of these fields always holds in a schedule document.
+FIELD_TYPES = {
+    "bucket": "number",
+    "status": "string",
+    "dueAt": "date",
+    "token": "number",
+    "version": "number",
+}
+
+
+def typed(query: Mapping[str, Any]) -> dict[str, Any]:
+    """``query`` with each condition on a field of FIELD_TYPES also naming
+    that field's type: the same schedules match (the field always holds
+    it), and the embedded SecantusDB plans the write by its ``_id`` list at
+    once. It plans a write by trying every index for every equality or
+    range condition, reading its index catalog anew each time; a condition
+    with an operator beside those (``$type``) is not tried. A claim and a
+    mark of two schedules cost it 22% less CPU so (6.1-6.5 against
+    4.9-5.0 ms, measured). Not sent to a real MongoDB (``sliced``), which
+    plans from its cached catalog. A null condition (``version: None``
+    matches a document stored before versions) is left as it is."""
+    shaped: dict[str, Any] = {}
+    for name, condition in query.items():
+        kind = FIELD_TYPES.get(name)
+        operators = _operators(condition)
+        if kind is None or operators is None or None in operators.values():
+            shaped[name] = condition
+        else:
+            shaped[name] = {**operators, "$type": kind}
+    return shaped
+
+
+def _operators(condition: Any) -> dict[str, Any] | None:
+    """A condition as its operators (a plain value is ``$eq``); None for a
+    whole document to equal."""
+    if not isinstance(condition, Mapping):
+        return {"$eq": condition}
+    if condition and all(str(key).startswith("$") for key in condition):
+        return dict(condition)
+    return None

@@ -16,7 +16,8 @@ from node.errors import BucketCountMismatch
 from node.ops import embedded
 from node.process import Node
 from node.schedule.retry import DEFAULT_POLICY
-from node.store.schedules import ScheduleStore
+from node.store import statements
+from node.store.schedules import ScheduleStore, typed
 from ring import bucket_for
 from tests.conftest import HOST, EmbeddedServers, make_config, start_mongo
 from tests.stores import StoreKit
@@ -237,3 +238,63 @@ async def test_a_claim_acknowledged_just_before_the_store_dies_survives_it(tmp_p
     version, and a cancel then answered 200 for a record already out. The
     owner publishes what it claimed only once the claim is journaled."""
     assert await _statuses_after_a_kill(tmp_path, mark=False) == ["IN_FLIGHT"]
+
+
+def test_typed_names_each_typed_fields_type_beside_its_condition() -> None:
+    now = datetime.now(UTC)
+    query = {
+        "_id": {"$in": ["a", "b"]},
+        "bucket": {"$in": [1, 2]},
+        "status": "PENDING",
+        "dueAt": {"$lte": now},
+        "version": None,  # a document stored before versions: left as it is
+        "token": {"$lte": 3},
+        "owner": "me",  # a field of no fixed type here
+    }
+    assert typed(query) == {
+        "_id": {"$in": ["a", "b"]},
+        "bucket": {"$in": [1, 2], "$type": "number"},
+        "status": {"$eq": "PENDING", "$type": "string"},
+        "dueAt": {"$lte": now, "$type": "date"},
+        "version": None,
+        "token": {"$lte": 3, "$type": "number"},
+        "owner": "me",
+    }
+    assert query["status"] == "PENDING"  # not changed in place
+    # A whole document to equal, and an operator on null, stay as they are.
+    assert typed({"status": {"a": 1}, "token": {"$eq": None}}) == {
+        "status": {"a": 1},
+        "token": {"$eq": None},
+    }
+
+
+async def test_typed_filters_match_what_the_plain_ones_match_on_the_embedded_store(
+    mongo: Any,
+) -> None:
+    """The owner's writes go typed to the embedded store: the same schedules
+    must match, whatever their status, token or version."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    docs = [
+        {
+            "_id": f"t{i}",
+            "bucket": i % 4,
+            "status": ("PENDING", "IN_FLIGHT", "DELIVERED")[i % 3],
+            "token": i % 5,
+            "version": 1 + i % 2,
+            "dueAt": now + timedelta(seconds=i % 7 - 3),
+        }
+        for i in range(60)
+    ]
+    await mongo["typed"].insert_many(docs)
+    statements_ = [
+        statements.claimable(docs, 1, 3, now, unfenced=False),
+        statements.claimable(docs, 2, 4, now, unfenced=False),
+        statements.held_by(docs, 2, unfenced=False),
+        statements.held_by(docs[:7], 4, unfenced=False),
+    ]
+    for query in statements_:
+        plain = {d["_id"] async for d in mongo["typed"].find(query, {"_id": 1})}
+        shaped = {d["_id"] async for d in mongo["typed"].find(typed(query), {"_id": 1})}
+        assert shaped == plain and plain  # each statement matches some
+        result = await mongo["typed"].update_many(typed(query), {"$inc": {"hits": 1}})
+        assert result.modified_count == len(plain)
